@@ -1,0 +1,278 @@
+//! The command line: `run` (the default), `check`, `sign`, `keys`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, ConfigErrors};
+use crate::key::KeySource;
+use crate::secret::SecretSet;
+use crate::settings::Settings;
+use crate::store::{Backend, Existing, ScopedKey, Store};
+
+/// Exit status for a configuration that does not validate (sysexits'
+/// EX_USAGE).
+pub const EXIT_BAD_CONFIG: u8 = 64;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hookgate",
+    version,
+    about = "A webhook gate: verify, deduplicate, forward"
+)]
+pub struct Cli {
+    /// The configuration file.
+    #[arg(long, short, global = true, default_value = "config.toml")]
+    pub config: PathBuf,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve (the default).
+    Run,
+    /// Validate the configuration and secrets, print the resolved providers.
+    Check,
+    /// Print the headers a real sender would attach to a body.
+    Sign {
+        #[arg(long)]
+        provider: String,
+        /// The body to sign (`-` for stdin); default: a small JSON event.
+        #[arg(long)]
+        body: Option<PathBuf>,
+        /// The event id, where the scheme carries one in a header.
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Inspect or forget a key in the configured store.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysAction {
+    /// Show a key's state.
+    Get {
+        #[arg(long)]
+        provider: String,
+        key: String,
+    },
+    /// Forget a key so that the provider's next redelivery is processed again.
+    Forget {
+        #[arg(long)]
+        provider: String,
+        key: String,
+    },
+}
+
+impl Cli {
+    /// The configuration, or the errors printed and the exit code to use.
+    pub fn settings(&self) -> Result<Settings, ExitCode> {
+        let explicit = self.config != Path::new("config.toml");
+        config::figment(&self.config, explicit)
+            .and_then(|f| config::load(&f))
+            .map_err(|e| {
+                print_errors(&e);
+                ExitCode::from(EXIT_BAD_CONFIG)
+            })
+    }
+}
+
+fn print_errors(errors: &ConfigErrors) {
+    eprintln!("configuration is invalid ({} problems):", errors.0.len());
+    for issue in &errors.0 {
+        eprintln!("  {}: {}", issue.key, issue.message);
+    }
+}
+
+/// `hookgate check`: problems go to stderr and make the exit status 1.
+pub fn check(settings: &Settings) -> ExitCode {
+    let mut problems = 0;
+    println!("store: {}", describe_store(settings));
+    for p in &settings.providers {
+        println!("provider {}:", p.name);
+        println!("  scheme: {}", p.scheme);
+        println!("  path: {}", p.path);
+        println!(
+            "  key: {}",
+            p.key.as_ref().map_or("(none)".into(), |k| format!("{k:?}"))
+        );
+        println!("  tolerance: {}", humantime::format_duration(p.tolerance));
+        println!("  retention: {}", humantime::format_duration(p.retention));
+        let (set, missing) = SecretSet::load(p.secrets.clone());
+        let active = set.active(SystemTime::now()).len();
+        for (i, spec) in set.specs().enumerate() {
+            let until = spec
+                .not_after
+                .map(|t| format!(" (until {})", humantime::format_rfc3339_seconds(t)))
+                .unwrap_or_default();
+            println!("  secret[{i}]: {}{until} <redacted>", spec.source);
+        }
+        for m in &missing {
+            eprintln!("error: provider {}: {m}", p.name);
+            problems += 1;
+        }
+        if active == 0 {
+            eprintln!(
+                "error: provider {} has no usable secret: it would refuse every delivery",
+                p.name
+            );
+            problems += 1;
+        }
+        if let Some(window) = p.scheme.retry_window()
+            && p.retention < window
+        {
+            eprintln!(
+                "warning: provider {}: retention {} is shorter than {}'s retry window of {}",
+                p.name,
+                humantime::format_duration(p.retention),
+                p.scheme,
+                humantime::format_duration(window)
+            );
+        }
+        if p.key == Some(KeySource::BodySha256) {
+            eprintln!(
+                "warning: provider {}: key = \"body_sha256\": a retry whose body differs by one byte is processed again",
+                p.name
+            );
+        }
+    }
+    if matches!(
+        settings.store.backend,
+        crate::store::BackendSettings::Memory { .. }
+    ) {
+        eprintln!("warning: store.backend = \"memory\": a restart forgets every key");
+    }
+    if problems == 0 {
+        println!("ok");
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn describe_store(settings: &Settings) -> String {
+    match &settings.store.backend {
+        crate::store::BackendSettings::Memory { capacity } => {
+            format!("memory (capacity {capacity})")
+        }
+        crate::store::BackendSettings::Sqlite { path } => format!("sqlite ({})", path.display()),
+        crate::store::BackendSettings::Redis { prefix, .. } => {
+            format!("redis (prefix {prefix}; URL redacted)")
+        }
+    }
+}
+
+/// `hookgate sign`: headers on stdout, one `Name: value` per line; with no
+/// `--body`, a blank line and the generated body follow.
+pub fn sign(
+    settings: &Settings,
+    provider: &str,
+    body: Option<&Path>,
+    id: Option<&str>,
+) -> ExitCode {
+    let Some(p) = settings.providers.iter().find(|p| p.name == provider) else {
+        eprintln!("no provider named {provider} in the configuration");
+        return ExitCode::from(EXIT_BAD_CONFIG);
+    };
+    let id = id.map_or_else(
+        || format!("evt_{:016x}", rand::random::<u64>()),
+        str::to_owned,
+    );
+    let (bytes, generated) = match body {
+        Some(path) if path == Path::new("-") => {
+            let mut buf = Vec::new();
+            if let Err(e) = std::io::stdin().read_to_end(&mut buf) {
+                eprintln!("cannot read the body from stdin: {e}");
+                return ExitCode::FAILURE;
+            }
+            (buf, false)
+        }
+        Some(path) => match std::fs::read(path) {
+            Ok(b) => (b, false),
+            Err(e) => {
+                eprintln!("cannot read {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        },
+        None => (
+            serde_json::json!({ "id": id, "type": "hookgate.test" })
+                .to_string()
+                .into_bytes(),
+            true,
+        ),
+    };
+    let (set, problems) = SecretSet::load(p.secrets.clone());
+    let Some(secret) = set.active(SystemTime::now()).into_iter().next() else {
+        for m in problems {
+            eprintln!("error: {m}");
+        }
+        eprintln!("provider {provider} has no usable secret to sign with");
+        return ExitCode::FAILURE;
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    for (name, value) in p.scheme.sign(secret.value.expose(), &bytes, &id, now) {
+        println!("{name}: {value}");
+    }
+    if generated {
+        println!();
+        println!("{}", String::from_utf8_lossy(&bytes));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `hookgate keys get|forget`.
+pub async fn keys(settings: &Settings, action: &KeysAction) -> ExitCode {
+    let (KeysAction::Get { provider, key } | KeysAction::Forget { provider, key }) = action;
+    if !settings.providers.iter().any(|p| &p.name == provider) {
+        eprintln!("no provider named {provider} in the configuration");
+        return ExitCode::from(EXIT_BAD_CONFIG);
+    }
+    let store = match Store::open(&settings.store).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot open the store: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let scoped = ScopedKey::new(provider, key.trim().to_lowercase());
+    let result = match action {
+        KeysAction::Get { .. } => store.get(&scoped).await.map(|record| match record {
+            None => println!("{scoped}: unknown"),
+            Some(r) => match r.state {
+                Existing::InFlight { retry_after } => println!(
+                    "{scoped}: in flight (lease ends in {})",
+                    humantime::format_duration(retry_after)
+                ),
+                Existing::Completed(s) => println!(
+                    "{scoped}: completed (status {}, {} bytes stored, fingerprint {})",
+                    s.status,
+                    s.body.len(),
+                    r.fingerprint
+                ),
+            },
+        }),
+        KeysAction::Forget { .. } => store.forget(&scoped).await.map(|found| {
+            if found {
+                println!("{scoped}: forgotten; the next redelivery will be processed");
+            } else {
+                println!("{scoped}: unknown; nothing to forget");
+            }
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("store error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

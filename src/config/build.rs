@@ -1,0 +1,384 @@
+//! Validation: from what the user wrote to the runtime [`Settings`],
+//! reporting every problem at once.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, Uri};
+
+use super::file::{BackendKind, KeyFile, ProviderFile, SchemeKind, SecretFile};
+use super::{ConfigErrors, ConfigFile, Issues};
+use crate::key::KeySource;
+use crate::provider::{Algorithm, Encoding, HmacScheme, Scheme, Template};
+use crate::secret::{SecretSource, SecretSpec};
+use crate::settings::{
+    DedupeSettings, FingerprintMode, OnMismatch, OnMissingKey, ProviderSettings, ServerSettings,
+    Settings, UpstreamSettings,
+};
+use crate::store::{BackendSettings, StoreSettings};
+
+pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, ConfigErrors> {
+    let i = &mut issues;
+
+    let s = &file.server;
+    let server = ServerSettings {
+        listen: addr(i, "server.listen", &s.listen),
+        admin_listen: addr(i, "server.admin_listen", &s.admin_listen),
+        max_body_bytes: s.max_body_bytes,
+        read_timeout: duration(i, "server.read_timeout", &s.read_timeout),
+        shutdown_grace: duration(i, "server.shutdown_grace", &s.shutdown_grace),
+        client_ip_header: s
+            .client_ip_header
+            .as_deref()
+            .and_then(|h| header(i, "server.client_ip_header", h)),
+    };
+    if s.max_body_bytes == 0 {
+        i.push("server.max_body_bytes", "must be greater than 0");
+    }
+
+    let u = &file.upstream;
+    let upstream = UpstreamSettings {
+        url: upstream_url(i, &u.url),
+        timeout: duration(i, "upstream.timeout", &u.timeout),
+        passthrough: u.passthrough,
+    };
+
+    let st = &file.store;
+    let backend = match st.backend {
+        BackendKind::Sqlite => BackendSettings::Sqlite {
+            path: PathBuf::from(&st.path),
+        },
+        BackendKind::Memory => BackendSettings::Memory {
+            capacity: st.memory_capacity.max(1),
+        },
+        BackendKind::Redis => match st.url.as_deref() {
+            Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+                BackendSettings::Redis {
+                    url: url.to_owned(),
+                    prefix: st.prefix.clone(),
+                }
+            }
+            Some(_) => {
+                i.push("store.url", "a redis URL starts with redis:// or rediss://");
+                BackendSettings::Memory { capacity: 1 }
+            }
+            None => {
+                i.push("store.url", "required when store.backend = \"redis\"");
+                BackendSettings::Memory { capacity: 1 }
+            }
+        },
+    };
+    let store = StoreSettings {
+        backend,
+        op_timeout: duration(i, "store.timeout", &st.timeout),
+    };
+    let dedupe = DedupeSettings {
+        retention: duration(i, "store.retention", &st.retention),
+        lease: duration(i, "store.lease", &st.lease),
+        max_response_bytes: st.max_response_bytes,
+    };
+    if dedupe.lease <= upstream.timeout {
+        i.push(
+            "store.lease",
+            format!(
+                "must exceed upstream.timeout ({}), so that a live forward never loses its claim",
+                humantime::format_duration(upstream.timeout)
+            ),
+        );
+    }
+
+    let providers = providers(i, &file.providers, &dedupe);
+
+    if issues.0.is_empty() {
+        Ok(Settings {
+            server,
+            upstream,
+            store,
+            dedupe,
+            providers,
+        })
+    } else {
+        Err(ConfigErrors(issues.0))
+    }
+}
+
+fn providers(
+    i: &mut Issues,
+    files: &BTreeMap<String, ProviderFile>,
+    dedupe: &DedupeSettings,
+) -> Vec<ProviderSettings> {
+    let mut paths: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut out = Vec::new();
+    for (name, p) in files {
+        let at = |k: &str| format!("providers.{name}.{k}");
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+        {
+            i.push(
+                format!("providers.{name}"),
+                "provider names use lower-case letters, digits, `_` and `-`",
+            );
+        }
+        if !p.path.starts_with('/') {
+            i.push(at("path"), "must start with `/`");
+        } else if let Some(other) = paths.insert(&p.path, name) {
+            i.push(at("path"), format!("already used by provider {other}"));
+        }
+
+        let scheme = scheme(i, name, p);
+        if p.secrets.is_empty() {
+            i.push(at("secrets"), "at least one secret source is required");
+        }
+        let secrets = p
+            .secrets
+            .iter()
+            .enumerate()
+            .filter_map(|(n, s)| secret(i, &format!("{}[{n}]", at("secrets")), s))
+            .collect();
+
+        let tolerance = p
+            .tolerance
+            .as_deref()
+            .map_or(Duration::from_secs(300), |t| {
+                duration(i, &at("tolerance"), t)
+            });
+        let future_tolerance = p
+            .future_tolerance
+            .as_deref()
+            .map_or(tolerance, |t| duration(i, &at("future_tolerance"), t));
+
+        let key = key_source(i, &at("key"), p, &scheme);
+        let on_missing_key = p.on_missing_key.unwrap_or(OnMissingKey::Reject);
+        if key.is_none() && on_missing_key == OnMissingKey::Reject {
+            i.push(
+                at("key"),
+                "required: this scheme has no default key (set `key`, or on_missing_key = \"forward\")",
+            );
+        }
+        let reject_status = p.reject_status.unwrap_or(400);
+        let reject_status = match StatusCode::from_u16(reject_status) {
+            Ok(s) if s.is_client_error() => s,
+            _ => {
+                i.push(at("reject_status"), "must be a 4xx status");
+                StatusCode::BAD_REQUEST
+            }
+        };
+        if let Some(up) = &p.upstream_path
+            && !up.starts_with('/')
+        {
+            i.push(at("upstream_path"), "must start with `/`");
+        }
+        let passthrough_methods = p
+            .passthrough_methods
+            .iter()
+            .filter_map(
+                |m| match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+                    Ok(Method::POST) => {
+                        i.push(at("passthrough_methods"), "POST is always verified");
+                        None
+                    }
+                    Ok(m) => Some(m),
+                    Err(_) => {
+                        i.push(at("passthrough_methods"), format!("`{m}` is not a method"));
+                        None
+                    }
+                },
+            )
+            .collect();
+        for pointer in &p.volatile_fields {
+            if !pointer.starts_with('/') {
+                i.push(at("volatile_fields"), "JSON pointers start with `/`");
+            }
+        }
+
+        out.push(ProviderSettings {
+            name: name.clone(),
+            scheme,
+            path: p.path.clone(),
+            secrets,
+            tolerance,
+            future_tolerance,
+            key,
+            on_missing_key,
+            fingerprint: p.fingerprint.unwrap_or(FingerprintMode::Canonical),
+            volatile_fields: p.volatile_fields.clone(),
+            on_mismatch: p.on_mismatch.unwrap_or(OnMismatch::Reject),
+            retention: p
+                .retention
+                .as_deref()
+                .map_or(dedupe.retention, |r| duration(i, &at("retention"), r)),
+            reject_status,
+            upstream_path: p.upstream_path.clone(),
+            passthrough_methods,
+        });
+    }
+    out
+}
+
+fn scheme(i: &mut Issues, name: &str, p: &ProviderFile) -> Scheme {
+    let at = |k: &str| format!("providers.{name}.{k}");
+    let hmac_keys = [
+        ("signature_header", p.signature_header.is_some()),
+        ("signature_prefix", p.signature_prefix.is_some()),
+        ("encoding", p.encoding.is_some()),
+        ("algorithm", p.algorithm.is_some()),
+        ("timestamp_header", p.timestamp_header.is_some()),
+        ("signed_payload", p.signed_payload.is_some()),
+    ];
+    if p.scheme != SchemeKind::Hmac {
+        for (k, _) in hmac_keys.iter().filter(|(_, set)| *set) {
+            i.push(at(k), "only the hmac scheme takes this key");
+        }
+    }
+    match p.scheme {
+        SchemeKind::Stripe => Scheme::Stripe,
+        SchemeKind::Github => Scheme::Github,
+        SchemeKind::Standard => Scheme::Standard,
+        SchemeKind::Hmac => {
+            let header_at = at("signature_header");
+            let signature = match p.signature_header.as_deref() {
+                Some(h) => header(i, &header_at, h),
+                None => {
+                    i.push(header_at, "required by the hmac scheme");
+                    None
+                }
+            };
+            let timestamp_header = p
+                .timestamp_header
+                .as_deref()
+                .and_then(|h| header(i, &at("timestamp_header"), h));
+            let default_template = if timestamp_header.is_some() {
+                "{timestamp}.{body}"
+            } else {
+                "{body}"
+            };
+            let template_text = p.signed_payload.as_deref().unwrap_or(default_template);
+            let template = Template::parse(template_text).unwrap_or_else(|e| {
+                i.push(at("signed_payload"), e);
+                Template::parse("{body}").expect("the fallback template parses")
+            });
+            if template.uses_timestamp() && timestamp_header.is_none() {
+                i.push(
+                    at("signed_payload"),
+                    "uses {timestamp} but no timestamp_header is set",
+                );
+            }
+            if timestamp_header.is_some() && !template.uses_timestamp() {
+                // An unsigned timestamp can be rewritten by whoever replays
+                // the delivery: checking it would only look like protection.
+                i.push(
+                    at("timestamp_header"),
+                    "is set but signed_payload does not sign {timestamp}",
+                );
+            }
+            Scheme::Hmac(HmacScheme {
+                header: signature.unwrap_or(HeaderName::from_static("x-signature")),
+                prefix: p.signature_prefix.clone().unwrap_or_default(),
+                encoding: p.encoding.unwrap_or(Encoding::Hex),
+                algorithm: p.algorithm.unwrap_or(Algorithm::Sha256),
+                timestamp_header,
+                template,
+            })
+        }
+    }
+}
+
+fn key_source(i: &mut Issues, at: &str, p: &ProviderFile, scheme: &Scheme) -> Option<KeySource> {
+    let specs = match &p.key {
+        Some(KeyFile::One(one)) => vec![one.clone()],
+        Some(KeyFile::Parts(parts)) => parts.clone(),
+        None => {
+            let default = scheme.default_key()?;
+            let source = KeySource::parse(&[default.to_owned()]).expect("default keys parse");
+            return Some(match scheme {
+                Scheme::Github => source.scoped_by(HeaderName::from_static("x-github-hook-id")),
+                Scheme::Standard => source.or_header(HeaderName::from_static("svix-id")),
+                _ => source,
+            });
+        }
+    };
+    KeySource::parse(&specs).map_err(|e| i.push(at, e)).ok()
+}
+
+fn secret(i: &mut Issues, at: &str, entry: &SecretFile) -> Option<SecretSpec> {
+    let (source, not_after) = match entry {
+        SecretFile::Source(s) => (s.as_str(), None),
+        SecretFile::Table(t) => (t.source.as_str(), t.not_after.as_deref()),
+    };
+    let source = SecretSource::parse(source)
+        .map_err(|e| i.push(at, e))
+        .ok()?;
+    let not_after = match not_after {
+        None => None,
+        Some(t) => match humantime::parse_rfc3339_weak(t) {
+            Ok(t) => Some(t),
+            Err(_) => {
+                i.push(
+                    format!("{at}.not_after"),
+                    "must be an RFC 3339 instant like 2026-12-31T00:00:00Z",
+                );
+                return None;
+            }
+        },
+    };
+    Some(SecretSpec { source, not_after })
+}
+
+pub(super) fn duration(i: &mut Issues, at: &str, text: &str) -> Duration {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => d,
+        Ok(_) => {
+            i.push(at, "must be greater than zero");
+            Duration::from_secs(1)
+        }
+        Err(_) => {
+            i.push(
+                at,
+                format!("`{text}` is not a duration (write \"300ms\", \"30s\", \"5m\" or \"4d\")"),
+            );
+            Duration::from_secs(1)
+        }
+    }
+}
+
+fn addr(i: &mut Issues, at: &str, text: &str) -> SocketAddr {
+    text.parse().unwrap_or_else(|_| {
+        i.push(at, format!("`{text}` is not an address like 0.0.0.0:8080"));
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    })
+}
+
+fn header(i: &mut Issues, at: &str, name: &str) -> Option<HeaderName> {
+    HeaderName::try_from(name)
+        .map_err(|_| i.push(at, format!("`{name}` is not a valid header name")))
+        .ok()
+}
+
+fn upstream_url(i: &mut Issues, text: &str) -> Uri {
+    match text.parse::<Uri>() {
+        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => {
+            if uri.query().is_some() {
+                i.push("upstream.url", "must not carry a query string");
+            }
+            uri
+        }
+        Ok(uri) if uri.scheme_str() == Some("https") => {
+            i.push(
+                "upstream.url",
+                "https upstreams are not supported yet; the app runs beside the gate over http",
+            );
+            uri
+        }
+        _ => {
+            i.push(
+                "upstream.url",
+                format!("`{text}` is not a URL like http://127.0.0.1:3000"),
+            );
+            Uri::from_static("http://127.0.0.1:3000")
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! What the user writes: the TOML file and `HOOKGATE_...` variables, as is.
+//!
+//! Durations and other parsed values stay strings here, so that `build`
+//! can report every bad value at once, naming its key, instead of stopping
+//! at serde's first error.
+
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerFile {
+    pub listen: String,
+    pub admin_listen: String,
+    pub max_body_bytes: u64,
+    pub read_timeout: String,
+    pub shutdown_grace: String,
+    pub client_ip_header: Option<String>,
+}
+
+impl Default for ServerFile {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8080".into(),
+            admin_listen: "0.0.0.0:9090".into(),
+            max_body_bytes: 1024 * 1024,
+            read_timeout: "10s".into(),
+            shutdown_grace: "20s".into(),
+            client_ip_header: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamFile {
+    pub url: String,
+    pub timeout: String,
+    pub passthrough: bool,
+}
+
+impl Default for UpstreamFile {
+    fn default() -> Self {
+        Self {
+            url: "http://127.0.0.1:3000".into(),
+            timeout: "10s".into(),
+            passthrough: true,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Sqlite,
+    Redis,
+    Memory,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreFile {
+    pub backend: BackendKind,
+    pub path: String,
+    pub url: Option<String>,
+    pub prefix: String,
+    pub retention: String,
+    pub lease: String,
+    pub timeout: String,
+    pub max_response_bytes: usize,
+    pub memory_capacity: usize,
+}
+
+impl Default for StoreFile {
+    fn default() -> Self {
+        Self {
+            backend: BackendKind::Sqlite,
+            path: "hookgate.db".into(),
+            url: None,
+            prefix: "hookgate".into(),
+            retention: "4d".into(),
+            lease: "30s".into(),
+            timeout: "2s".into(),
+            max_response_bytes: 64 * 1024,
+            memory_capacity: 100_000,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchemeKind {
+    Stripe,
+    Github,
+    Standard,
+    Hmac,
+}
+
+/// A secret entry: `"env:NAME"`, `"file:/path"`, or a table with `not_after`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum SecretFile {
+    Source(String),
+    Table(SecretTable),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretTable {
+    pub source: String,
+    pub not_after: Option<String>,
+}
+
+/// `key = "json:/id"` or `key = ["form:MessageSid", "form:MessageStatus"]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum KeyFile {
+    One(String),
+    Parts(Vec<String>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMissingKey {
+    Reject,
+    Forward,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMismatch {
+    Reject,
+    Alert,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FingerprintMode {
+    Canonical,
+    Raw,
+    None,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderFile {
+    pub scheme: SchemeKind,
+    pub path: String,
+    #[serde(default)]
+    pub secrets: Vec<SecretFile>,
+    pub tolerance: Option<String>,
+    pub future_tolerance: Option<String>,
+    pub key: Option<KeyFile>,
+    pub on_missing_key: Option<OnMissingKey>,
+    pub fingerprint: Option<FingerprintMode>,
+    #[serde(default)]
+    pub volatile_fields: Vec<String>,
+    pub on_mismatch: Option<OnMismatch>,
+    pub retention: Option<String>,
+    pub reject_status: Option<u16>,
+    pub upstream_path: Option<String>,
+    #[serde(default)]
+    pub passthrough_methods: Vec<String>,
+    // The `hmac` scheme's parameters.
+    pub signature_header: Option<String>,
+    pub signature_prefix: Option<String>,
+    pub encoding: Option<crate::provider::Encoding>,
+    pub algorithm: Option<crate::provider::Algorithm>,
+    pub timestamp_header: Option<String>,
+    pub signed_payload: Option<String>,
+}

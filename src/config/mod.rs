@@ -1,0 +1,173 @@
+//! Configuration: built-in defaults, then the TOML file, then
+//! `HOOKGATE_<SECTION>__<KEY>` variables; validated up front, reporting every
+//! error at once with the key it concerns. `hookgate check` and startup share
+//! this code.
+
+mod build;
+pub mod file;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use figment::value::Value;
+use serde::de::DeserializeOwned;
+
+use self::file::{ProviderFile, ServerFile, StoreFile, UpstreamFile};
+use crate::settings::Settings;
+
+/// One problem with the configuration, tied to the key it concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigIssue {
+    pub key: String,
+    pub message: String,
+}
+
+/// Every problem found, reported together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigIssue>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, issue) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{}: {}", issue.key, issue.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Collects issues while building.
+#[derive(Default)]
+pub(crate) struct Issues(Vec<ConfigIssue>);
+
+impl Issues {
+    pub(crate) fn push(&mut self, key: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigIssue {
+            key: key.into(),
+            message: message.into(),
+        });
+    }
+}
+
+/// The configuration layers for a file on disk plus the environment.
+/// A missing file is an error unless it is the default `config.toml`.
+pub fn figment(path: &Path, explicit: bool) -> Result<Figment, ConfigErrors> {
+    if explicit && !path.exists() {
+        return Err(ConfigErrors(vec![ConfigIssue {
+            key: "--config".into(),
+            message: format!("file {} not found", path.display()),
+        }]));
+    }
+    Ok(Figment::new()
+        .merge(Toml::file_exact(path))
+        .merge(Env::prefixed("HOOKGATE_").split("__")))
+}
+
+/// The layers for a TOML string, for tests (no environment involved).
+pub fn figment_from_str(toml: &str) -> Figment {
+    Figment::new().merge(Toml::string(toml))
+}
+
+/// The parsed (still unvalidated) file: each section on its own, so one bad
+/// section does not hide another's errors.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigFile {
+    pub server: ServerFile,
+    pub upstream: UpstreamFile,
+    pub store: StoreFile,
+    pub providers: BTreeMap<String, ProviderFile>,
+}
+
+const SECTIONS: [&str; 4] = ["server", "upstream", "store", "providers"];
+
+/// Reads every section, collecting every error; a section that does not
+/// read is replaced by its defaults so that validation can go on.
+fn read(figment: &Figment, issues: &mut Issues) -> Option<ConfigFile> {
+    let top: BTreeMap<String, Value> = match figment.extract() {
+        Ok(top) => top,
+        Err(e) => {
+            push_figment(issues, "", e);
+            return None;
+        }
+    };
+    for key in top.keys().filter(|k| !SECTIONS.contains(&k.as_str())) {
+        issues.push(key.clone(), "unknown section");
+    }
+    let mut file = ConfigFile {
+        server: section(figment, &top, "server", issues),
+        upstream: section(figment, &top, "upstream", issues),
+        store: section(figment, &top, "store", issues),
+        providers: BTreeMap::new(),
+    };
+    if let Some(providers) = top.get("providers") {
+        match providers.as_dict() {
+            Some(dict) => {
+                for name in dict.keys() {
+                    let path = format!("providers.{name}");
+                    match figment.extract_inner::<ProviderFile>(&path) {
+                        Ok(p) => {
+                            file.providers.insert(name.clone(), p);
+                        }
+                        Err(e) => push_figment(issues, &path, e),
+                    }
+                }
+            }
+            None => issues.push("providers", "must be a table of providers"),
+        }
+    }
+    Some(file)
+}
+
+fn section<T: DeserializeOwned + Default>(
+    figment: &Figment,
+    top: &BTreeMap<String, Value>,
+    name: &str,
+    issues: &mut Issues,
+) -> T {
+    if !top.contains_key(name) {
+        return T::default();
+    }
+    figment.extract_inner(name).unwrap_or_else(|e| {
+        push_figment(issues, name, e);
+        T::default()
+    })
+}
+
+/// Turns figment's errors into issues. Figment's messages name the key and
+/// what was expected; values are not echoed, so a pasted secret stays out.
+fn push_figment(issues: &mut Issues, prefix: &str, error: figment::Error) {
+    for e in error {
+        let at = |leaf: &str| match prefix {
+            "" => leaf.to_owned(),
+            _ => format!("{prefix}.{leaf}"),
+        };
+        match &e.kind {
+            figment::error::Kind::UnknownField(field, _) => issues.push(at(field), "unknown key"),
+            figment::error::Kind::MissingField(field) => issues.push(at(field), "required"),
+            kind => {
+                let key = match e.path.last() {
+                    Some(leaf) if !prefix.ends_with(leaf.as_str()) => at(leaf),
+                    _ => prefix.to_owned(),
+                };
+                issues.push(key, kind.to_string());
+            }
+        }
+    }
+}
+
+/// Reads and validates: the one entry point for `run`, `check` and tests.
+pub fn load(figment: &Figment) -> Result<Settings, ConfigErrors> {
+    let mut issues = Issues::default();
+    let file = read(figment, &mut issues).ok_or_else(|| ConfigErrors(issues.0.clone()))?;
+    build::build(&file, issues)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,142 @@
+use std::time::Duration;
+
+use super::*;
+use crate::settings::OnMissingKey;
+
+fn errors(toml: &str) -> Vec<String> {
+    match load(&figment_from_str(toml)) {
+        Ok(_) => panic!("expected errors"),
+        Err(e) => {
+            e.0.iter()
+                .map(|i| format!("{}: {}", i.key, i.message))
+                .collect()
+        }
+    }
+}
+
+const STRIPE: &str = r#"
+[providers.stripe]
+scheme = "stripe"
+path = "/webhooks/stripe"
+secrets = ["env:STRIPE_WEBHOOK_SECRET"]
+"#;
+
+#[test]
+fn defaults_fill_what_the_file_leaves_out() {
+    let s = load(&figment_from_str(STRIPE)).unwrap();
+    assert_eq!(s.server.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(s.server.max_body_bytes, 1024 * 1024);
+    assert_eq!(s.dedupe.retention, Duration::from_secs(4 * 86400));
+    assert_eq!(s.dedupe.lease, Duration::from_secs(30));
+    let p = &s.providers[0];
+    assert_eq!(p.tolerance, Duration::from_secs(300));
+    assert_eq!(p.future_tolerance, p.tolerance);
+    assert_eq!(p.on_missing_key, OnMissingKey::Reject);
+    assert!(p.key.is_some());
+}
+
+#[test]
+fn every_error_is_reported_at_once_with_its_key() {
+    let errs = errors(
+        r#"
+[server]
+read_timeout = "soon"
+bogus = 1
+
+[upstream]
+timeout = "40s"
+
+[store]
+lease = "30s"
+
+[providers.stripe]
+scheme = "stripe"
+path = "webhooks"
+secrets = ["whsec_pasted_literal"]
+tolerance = "5 parsecs"
+
+[providers.acme]
+scheme = "hmac"
+path = "/acme"
+secrets = ["env:ACME"]
+"#,
+    );
+    let joined = errors_text(&errs);
+    assert!(joined.contains("bogus"), "{joined}");
+    assert!(joined.contains("store.lease"), "{joined}");
+    assert!(joined.contains("providers.stripe.path"), "{joined}");
+    assert!(joined.contains("providers.stripe.secrets[0]"), "{joined}");
+    assert!(joined.contains("providers.stripe.tolerance"), "{joined}");
+    assert!(
+        joined.contains("providers.acme.signature_header"),
+        "{joined}"
+    );
+    assert!(joined.contains("providers.acme.key"), "{joined}");
+    assert!(!joined.contains("whsec_pasted_literal"), "{joined}");
+}
+
+#[test]
+fn durations_and_addresses_are_validated_together() {
+    let errs = errors(
+        r#"
+[server]
+read_timeout = "soon"
+listen = "nowhere"
+[upstream]
+timeout = "never"
+"#,
+    );
+    let joined = errors_text(&errs);
+    assert!(joined.contains("server.read_timeout"), "{joined}");
+    assert!(joined.contains("server.listen"), "{joined}");
+    assert!(joined.contains("upstream.timeout"), "{joined}");
+}
+
+#[test]
+fn unknown_provider_keys_and_sections_are_refused() {
+    let errs = errors(&format!("{STRIPE}colour = \"blue\"\n[extra]\na = 1\n"));
+    let joined = errors_text(&errs);
+    assert!(joined.contains("colour"), "{joined}");
+    assert!(joined.contains("extra: unknown section"), "{joined}");
+}
+
+#[test]
+fn redis_needs_a_url_and_hmac_keys_belong_to_hmac() {
+    let errs = errors(&format!(
+        "{STRIPE}signature_header = \"X-Sig\"\n[store]\nbackend = \"redis\"\n"
+    ));
+    let joined = errors_text(&errs);
+    assert!(joined.contains("store.url"), "{joined}");
+    assert!(
+        joined.contains("providers.stripe.signature_header"),
+        "{joined}"
+    );
+}
+
+#[test]
+fn secret_tables_take_not_after() {
+    let s = load(&figment_from_str(
+        r#"
+[providers.gh]
+scheme = "github"
+path = "/gh"
+secrets = ["file:/run/a", { source = "env:B", not_after = "2026-12-31T00:00:00Z" }]
+"#,
+    ))
+    .unwrap();
+    assert_eq!(s.providers[0].secrets.len(), 2);
+    assert!(s.providers[0].secrets[1].not_after.is_some());
+    let errs = errors(
+        r#"
+[providers.gh]
+scheme = "github"
+path = "/gh"
+secrets = [{ source = "env:B", not_after = "next week" }]
+"#,
+    );
+    assert!(errors_text(&errs).contains("not_after"));
+}
+
+fn errors_text(errs: &[String]) -> String {
+    errs.join("\n")
+}

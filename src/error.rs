@@ -1,0 +1,198 @@
+//! The one place that maps failures to HTTP (SPEC section 2).
+//!
+//! The sender sees a generic JSON body and a `Hookgate-Result` header; the
+//! delivery log sees the detail. No message carries a secret, an expected
+//! signature or payload contents.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+use crate::body::{ProxyBody, full};
+use crate::provider::VerifyError;
+use crate::store::StoreError;
+
+/// Which side of the gate a failure came from (pingora's `ErrorSource`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The sender: bad signature, bad payload, too much traffic.
+    Downstream,
+    /// The application behind the gate.
+    Upstream,
+    /// The gate's own dependencies: the store.
+    Internal,
+}
+
+/// Everything that ends a delivery with a response produced by the gate.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("signature rejected: {source}")]
+    InvalidSignature {
+        status: StatusCode,
+        source: VerifyError,
+    },
+    #[error("signed timestamp is {skew_secs} s away from now")]
+    StaleTimestamp { skew_secs: i64 },
+    #[error("no idempotency key in the delivery")]
+    MissingKey,
+    #[error("payload does not parse: {0}")]
+    BadPayload(String),
+    #[error("no provider path matches")]
+    UnknownRoute,
+    #[error("method not allowed on a provider path")]
+    MethodNotAllowed,
+    #[error("another delivery of this event is in flight")]
+    InFlight { retry_after: Duration },
+    #[error("body larger than {limit} bytes")]
+    PayloadTooLarge { limit: u64 },
+    #[error("body not received within the read timeout")]
+    RequestTimeout,
+    #[error("payload fingerprint {incoming} differs from stored {stored}")]
+    PayloadMismatch { stored: String, incoming: String },
+    #[error("rate limit exceeded")]
+    RateLimited { retry_after: Duration },
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnreachable(String),
+    #[error("store unavailable: {0}")]
+    StoreUnavailable(#[from] StoreError),
+    #[error("upstream did not answer within {0:?}")]
+    UpstreamTimeout(Duration),
+}
+
+impl GateError {
+    /// The stable code of SPEC section 2, also the metric's `outcome` label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidSignature { .. } => "invalid_signature",
+            Self::StaleTimestamp { .. } => "stale_timestamp",
+            Self::MissingKey => "missing_key",
+            Self::BadPayload(_) => "bad_payload",
+            Self::UnknownRoute => "unknown_route",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::InFlight { .. } => "in_flight",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::RequestTimeout => "request_timeout",
+            Self::PayloadMismatch { .. } => "payload_mismatch",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::UpstreamUnreachable(_) => "upstream_unreachable",
+            Self::StoreUnavailable(_) => "store_unavailable",
+            Self::UpstreamTimeout(_) => "upstream_timeout",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidSignature { status, .. } => *status,
+            Self::StaleTimestamp { .. } | Self::MissingKey | Self::BadPayload(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::UnknownRoute => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::InFlight { .. } => StatusCode::CONFLICT,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::PayloadMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    pub fn side(&self) -> Side {
+        match self {
+            Self::UpstreamUnreachable(_) | Self::UpstreamTimeout(_) => Side::Upstream,
+            Self::StoreUnavailable(_) => Side::Internal,
+            _ => Side::Downstream,
+        }
+    }
+
+    /// One human sentence for the sender; fixed text, so nothing leaks.
+    fn public_message(&self) -> &'static str {
+        match self {
+            Self::InvalidSignature { .. } => "The webhook signature is missing or does not verify.",
+            Self::StaleTimestamp { .. } => "The signed timestamp is outside the accepted window.",
+            Self::MissingKey => "The delivery carries no idempotency key.",
+            Self::BadPayload(_) => "The payload could not be parsed to find its idempotency key.",
+            Self::UnknownRoute => "No webhook provider is configured for this path.",
+            Self::MethodNotAllowed => "Webhook deliveries must use POST.",
+            Self::InFlight { .. } => "This event is being processed; retry later.",
+            Self::PayloadTooLarge { .. } => "The body is larger than the gate accepts.",
+            Self::RequestTimeout => "The body did not arrive in time.",
+            Self::PayloadMismatch { .. } => {
+                "This event id was already seen with a different payload."
+            }
+            Self::RateLimited { .. } => "Too many deliveries; retry later.",
+            Self::UpstreamUnreachable(_) => "The application could not be reached.",
+            Self::StoreUnavailable(_) => "The dedupe store is unavailable; retry later.",
+            Self::UpstreamTimeout(_) => "The application did not answer in time.",
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::InFlight { retry_after } | Self::RateLimited { retry_after } => {
+                Some(*retry_after)
+            }
+            Self::StoreUnavailable(_) => Some(Duration::from_secs(5)),
+            _ => None,
+        }
+    }
+
+    /// The response the sender gets.
+    pub fn to_response(&self) -> Response<ProxyBody> {
+        let body = serde_json::json!({ "error": self.code(), "message": self.public_message() });
+        let mut response = Response::new(full(Bytes::from(body.to_string())));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(RESULT_HEADER, HeaderValue::from_static(self.code()));
+        if let Some(after) = self.retry_after() {
+            // Whole seconds, rounded up: Retry-After has no fractions.
+            let secs = after.as_millis().div_ceil(1000).max(1);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+        }
+        response
+    }
+}
+
+/// The header that tells the sender (and tests) what the gate did.
+pub const RESULT_HEADER: &str = "hookgate-result";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn error_body_is_the_generic_json_with_code_header() {
+        let err = GateError::InFlight {
+            retry_after: Duration::from_millis(1500),
+        };
+        let resp = err.to_response();
+        assert_eq!(resp.status(), StatusCode::CONFLICT);
+        assert_eq!(resp.headers()[RESULT_HEADER], "in_flight");
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"], "in_flight");
+        assert!(v["message"].as_str().unwrap().ends_with('.'));
+    }
+
+    #[test]
+    fn sides_decide_who_failed() {
+        assert_eq!(
+            GateError::UpstreamTimeout(Duration::ZERO).side(),
+            Side::Upstream
+        );
+        assert_eq!(
+            GateError::StoreUnavailable(StoreError::Timeout(Duration::ZERO)).side(),
+            Side::Internal
+        );
+        assert_eq!(GateError::MissingKey.side(), Side::Downstream);
+    }
+}

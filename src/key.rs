@@ -1,0 +1,442 @@
+//! Idempotency keys (where they come from, how they are normalized) and the
+//! payload fingerprint that tells a re-serialized retry from a changed one.
+
+use std::cell::OnceCell;
+
+use http::{HeaderMap, HeaderName};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::settings::FingerprintMode;
+
+/// The longest key accepted, in bytes: keys are stored and forwarded in a
+/// header, and an unbounded one would let a sender grow the store at will.
+pub const MAX_KEY_BYTES: usize = 512;
+
+/// One source of (part of) a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyPart {
+    /// The first of these headers that is present (aliases: Standard
+    /// Webhooks' `webhook-id` is `svix-id` on Svix deliveries).
+    Header(Vec<HeaderName>),
+    /// An RFC 6901 pointer into a JSON body.
+    Json(String),
+    /// A field of an `application/x-www-form-urlencoded` body.
+    Form(String),
+}
+
+/// Where a provider's idempotency key comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// One part, or several joined with `:` in order; every part must exist.
+    /// `scope` names a header whose value, when present, prefixes the key
+    /// (GitHub's `X-GitHub-Hook-ID`: one delivery GUID can reach many hooks).
+    Parts {
+        parts: Vec<KeyPart>,
+        scope: Option<HeaderName>,
+    },
+    /// SHA-256 of the raw body: an explicit last resort.
+    BodySha256,
+}
+
+impl KeyPart {
+    fn parse(spec: &str) -> Result<Self, String> {
+        if let Some(name) = spec.strip_prefix("header:") {
+            let name = HeaderName::try_from(name.trim())
+                .map_err(|_| format!("`{spec}` names an invalid header"))?;
+            Ok(Self::Header(vec![name]))
+        } else if let Some(pointer) = spec.strip_prefix("json:") {
+            if pointer.starts_with("/*/") {
+                return Err(format!("`{spec}`: batch keys are not supported yet"));
+            }
+            if !pointer.is_empty() && !pointer.starts_with('/') {
+                return Err(format!("`{spec}`: a JSON pointer starts with `/`"));
+            }
+            Ok(Self::Json(pointer.to_owned()))
+        } else if let Some(field) = spec.strip_prefix("form:") {
+            if field.is_empty() {
+                return Err(format!("`{spec}` needs a field name"));
+            }
+            Ok(Self::Form(field.to_owned()))
+        } else {
+            Err(format!(
+                "`{spec}`: a key source starts with `header:`, `json:` or `form:`"
+            ))
+        }
+    }
+}
+
+impl KeySource {
+    /// Parses the parts of a `key` setting.
+    pub fn parse(specs: &[String]) -> Result<Self, String> {
+        match specs {
+            [] => Err("a key needs at least one source".into()),
+            [one] if one == "body_sha256" => Ok(Self::BodySha256),
+            _ => Ok(Self::Parts {
+                parts: specs
+                    .iter()
+                    .map(|s| KeyPart::parse(s))
+                    .collect::<Result<_, _>>()?,
+                scope: None,
+            }),
+        }
+    }
+
+    /// Adds an alias to a single-header key: read when the first is absent.
+    pub fn or_header(mut self, alias: HeaderName) -> Self {
+        if let Self::Parts { parts, .. } = &mut self
+            && let [KeyPart::Header(names)] = parts.as_mut_slice()
+        {
+            names.push(alias);
+        }
+        self
+    }
+
+    /// Adds a scoping header (see [`KeySource::Parts`]).
+    pub fn scoped_by(mut self, header: HeaderName) -> Self {
+        if let Self::Parts { scope, .. } = &mut self {
+            *scope = Some(header);
+        }
+        self
+    }
+
+    /// Extracts and normalizes the key. `Ok(None)`: some part is absent.
+    pub fn extract(&self, payload: &Payload<'_>) -> Result<Option<String>, KeyError> {
+        let key = match self {
+            Self::BodySha256 => hex::encode(Sha256::digest(payload.raw)),
+            Self::Parts { parts, scope } => {
+                let mut values = Vec::with_capacity(parts.len() + 1);
+                if let Some(scope) = scope.as_ref().and_then(|h| header_text(payload.headers, h)) {
+                    values.push(scope);
+                }
+                for part in parts {
+                    match part.value(payload)? {
+                        Some(v) => values.push(v),
+                        None => return Ok(None),
+                    }
+                }
+                values.join(":")
+            }
+        };
+        normalize(&key)
+    }
+}
+
+impl KeyPart {
+    fn value(&self, payload: &Payload<'_>) -> Result<Option<String>, KeyError> {
+        Ok(match self {
+            Self::Header(names) => names.iter().find_map(|n| header_text(payload.headers, n)),
+            Self::Json(pointer) => match payload.json()?.pointer(pointer) {
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(v @ (Value::Number(_) | Value::Bool(_))) => Some(v.to_string()),
+                _ => None,
+            },
+            Self::Form(field) => payload
+                .form()?
+                .iter()
+                .find(|(k, _)| k == field)
+                .map(|(_, v)| v.clone()),
+        })
+    }
+}
+
+fn header_text(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+/// Trims and lower-cases; an empty key is no key. Keys travel in a header
+/// and into every store, so control characters and excess length are refused.
+fn normalize(raw: &str) -> Result<Option<String>, KeyError> {
+    let key = raw.trim().to_lowercase();
+    if key.is_empty() {
+        return Ok(None);
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(KeyError::Invalid("the idempotency key is too long"));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(KeyError::Invalid(
+            "the idempotency key contains control characters",
+        ));
+    }
+    Ok(Some(key))
+}
+
+/// Why no key could be extracted.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("body is not valid JSON")]
+    NotJson,
+    #[error("body is not a valid form")]
+    NotForm,
+    #[error("{0}")]
+    Invalid(&'static str),
+}
+
+/// The raw body with lazily parsed views, so that key extraction and the
+/// fingerprint parse it at most once.
+pub struct Payload<'a> {
+    pub raw: &'a [u8],
+    pub headers: &'a HeaderMap,
+    json: OnceCell<Option<Value>>,
+    form: OnceCell<Option<Vec<(String, String)>>>,
+}
+
+impl<'a> Payload<'a> {
+    pub fn new(raw: &'a [u8], headers: &'a HeaderMap) -> Self {
+        Self {
+            raw,
+            headers,
+            json: OnceCell::new(),
+            form: OnceCell::new(),
+        }
+    }
+
+    fn json(&self) -> Result<&Value, KeyError> {
+        self.json
+            .get_or_init(|| serde_json::from_slice(self.raw).ok())
+            .as_ref()
+            .ok_or(KeyError::NotJson)
+    }
+
+    fn form(&self) -> Result<&[(String, String)], KeyError> {
+        self.form
+            .get_or_init(|| {
+                // Form bodies are ASCII by definition; anything else is not one.
+                std::str::from_utf8(self.raw).ok()?;
+                Some(
+                    form_urlencoded::parse(self.raw)
+                        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                        .collect(),
+                )
+            })
+            .as_deref()
+            .ok_or(KeyError::NotForm)
+    }
+
+    fn is_form(&self) -> bool {
+        self.headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| {
+                ct.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("application/x-www-form-urlencoded")
+            })
+    }
+
+    /// SHA-256 (hex) of the canonical payload; empty when disabled.
+    ///
+    /// Canonical JSON sorts keys at every level, drops insignificant
+    /// whitespace and normalizes escapes, after removing `volatile` pointers;
+    /// a form is its sorted pairs; anything else its raw bytes.
+    pub fn fingerprint(&self, mode: FingerprintMode, volatile: &[String]) -> String {
+        let digest = match mode {
+            FingerprintMode::None => return String::new(),
+            FingerprintMode::Raw => Sha256::digest(self.raw),
+            FingerprintMode::Canonical => {
+                if let Ok(json) = self.json() {
+                    let mut json = json.clone();
+                    for pointer in volatile {
+                        remove_pointer(&mut json, pointer);
+                    }
+                    let mut out = Vec::with_capacity(self.raw.len());
+                    write_canonical(&json, &mut out);
+                    Sha256::digest(&out)
+                } else if let Some(pairs) = self.is_form().then(|| self.form().ok()).flatten() {
+                    let mut pairs = pairs.to_vec();
+                    pairs.sort();
+                    let canonical = form_urlencoded::Serializer::new(String::new())
+                        .extend_pairs(pairs)
+                        .finish();
+                    Sha256::digest(canonical.as_bytes())
+                } else {
+                    Sha256::digest(self.raw)
+                }
+            }
+        };
+        hex::encode(digest)
+    }
+}
+
+/// Writes `value` with object keys sorted and no whitespace. Written out
+/// rather than relying on serde_json's map order, which a feature flag
+/// anywhere in the dependency tree (`preserve_order`) would change.
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_scalar(&Value::String(k.clone()), out);
+                out.push(b':');
+                write_canonical(v, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(b']');
+        }
+        scalar => write_scalar(scalar, out),
+    }
+}
+
+fn write_scalar(value: &Value, out: &mut Vec<u8>) {
+    // Serializing a scalar into a Vec cannot fail.
+    let _ = serde_json::to_writer(out, value);
+}
+
+/// Removes the value at an RFC 6901 pointer, if present.
+fn remove_pointer(value: &mut Value, pointer: &str) {
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return;
+    };
+    let last = last.replace("~1", "/").replace("~0", "~");
+    match value.pointer_mut(parent) {
+        Some(Value::Object(map)) => {
+            map.remove(&last);
+        }
+        Some(Value::Array(items)) => {
+            if let Ok(i) = last.parse::<usize>()
+                && i < items.len()
+            {
+                items.remove(i);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(specs: &[&str], headers: &HeaderMap, body: &[u8]) -> Result<Option<String>, KeyError> {
+        let specs: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
+        KeySource::parse(&specs)
+            .unwrap()
+            .extract(&Payload::new(body, headers))
+    }
+
+    #[test]
+    fn sources_extract_and_normalize() {
+        let mut h = HeaderMap::new();
+        h.insert("x-id", " ABC-1 ".parse().unwrap());
+        assert_eq!(key(&["header:X-Id"], &h, b""), Ok(Some("abc-1".into())));
+        assert_eq!(
+            key(&["json:/data/id"], &h, br#"{"data":{"id":"Evt_9"}}"#),
+            Ok(Some("evt_9".into()))
+        );
+        assert_eq!(key(&["json:/n"], &h, br#"{"n":42}"#), Ok(Some("42".into())));
+        assert_eq!(
+            key(
+                &["form:MessageSid", "form:MessageStatus"],
+                &h,
+                b"MessageSid=SM1&MessageStatus=sent"
+            ),
+            Ok(Some("sm1:sent".into()))
+        );
+        assert_eq!(key(&["form:A", "form:B"], &h, b"A=1"), Ok(None));
+        assert_eq!(key(&["json:/id"], &h, b"{not json"), Err(KeyError::NotJson));
+        assert_eq!(key(&["json:/id"], &h, br#"{"id":"  "}"#), Ok(None));
+    }
+
+    #[test]
+    fn header_aliases_are_read_in_order() {
+        let src = KeySource::parse(&["header:webhook-id".into()])
+            .unwrap()
+            .or_header(HeaderName::from_static("svix-id"));
+        let mut h = HeaderMap::new();
+        h.insert("svix-id", "msg_svix".parse().unwrap());
+        assert_eq!(
+            src.extract(&Payload::new(b"", &h)),
+            Ok(Some("msg_svix".into()))
+        );
+        h.insert("webhook-id", "msg_std".parse().unwrap());
+        assert_eq!(
+            src.extract(&Payload::new(b"", &h)),
+            Ok(Some("msg_std".into()))
+        );
+    }
+
+    #[test]
+    fn scope_prefixes_the_key_when_present() {
+        let src = KeySource::parse(&["header:X-GitHub-Delivery".into()])
+            .unwrap()
+            .scoped_by(HeaderName::from_static("x-github-hook-id"));
+        let mut h = HeaderMap::new();
+        h.insert("x-github-delivery", "GUID".parse().unwrap());
+        assert_eq!(src.extract(&Payload::new(b"", &h)), Ok(Some("guid".into())));
+        h.insert("x-github-hook-id", "77".parse().unwrap());
+        assert_eq!(
+            src.extract(&Payload::new(b"", &h)),
+            Ok(Some("77:guid".into()))
+        );
+    }
+
+    #[test]
+    fn bad_keys_are_refused() {
+        let h = HeaderMap::new();
+        let long = format!(r#"{{"id":"{}"}}"#, "a".repeat(MAX_KEY_BYTES + 1));
+        assert!(matches!(
+            key(&["json:/id"], &h, long.as_bytes()),
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(matches!(
+            key(&["json:/id"], &h, br#"{"id":"a\nb"}"#),
+            Err(KeyError::Invalid(_))
+        ));
+        assert!(KeySource::parse(&["query:id".into()]).is_err());
+    }
+
+    #[test]
+    fn canonical_fingerprint_ignores_serialization_but_not_content() {
+        let h = HeaderMap::new();
+        let fp = |b: &[u8], vol: &[String]| {
+            Payload::new(b, &h).fingerprint(FingerprintMode::Canonical, vol)
+        };
+        let a = fp(br#"{"id":"e1","n":[1,2],"s":"\u00e9"}"#, &[]);
+        let b = fp(
+            b"{ \"s\" : \"\xc3\xa9\",\n  \"n\": [1, 2], \"id\": \"e1\" }",
+            &[],
+        );
+        assert_eq!(a, b);
+        assert_ne!(a, fp(br#"{"id":"e1","n":[2,1],"s":"\u00e9"}"#, &[]));
+        let vol = vec!["/attempt".to_string()];
+        assert_eq!(
+            fp(br#"{"id":"e1","attempt":1}"#, &vol),
+            fp(br#"{"attempt":2,"id":"e1"}"#, &vol)
+        );
+        assert_eq!(
+            Payload::new(b"x", &h).fingerprint(FingerprintMode::None, &[]),
+            ""
+        );
+    }
+
+    #[test]
+    fn form_fingerprint_is_order_independent() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "content-type",
+            "application/x-www-form-urlencoded".parse().unwrap(),
+        );
+        let a = Payload::new(b"a=1&b=2", &h).fingerprint(FingerprintMode::Canonical, &[]);
+        let b = Payload::new(b"b=2&a=1", &h).fingerprint(FingerprintMode::Canonical, &[]);
+        let raw = Payload::new(b"b=2&a=1", &h).fingerprint(FingerprintMode::Raw, &[]);
+        assert_eq!(a, b);
+        assert_ne!(a, raw);
+    }
+}

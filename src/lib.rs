@@ -1,0 +1,111 @@
+//! hookgate: a webhook gate that verifies, deduplicates and forwards
+//! deliveries to an unmodified application.
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod body;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod gate;
+pub mod key;
+pub mod pipeline;
+pub mod provider;
+pub mod secret;
+pub mod server;
+pub mod settings;
+pub mod store;
+pub mod telemetry;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::gate::Gate;
+use crate::server::ConnLimits;
+use crate::settings::Settings;
+
+/// Why the gate could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+}
+
+/// A running gate: its bound addresses and the means to stop it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub gate: Arc<Gate>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight deliveries finish within
+    /// `server.shutdown_grace`, and returns when both listeners are closed.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Binds the configured listeners (port 0 picks a free port) and serves.
+/// `main` and the integration tests both start the gate here.
+pub async fn start(settings: Settings) -> Result<Running, StartError> {
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })
+    };
+    let public = bind(settings.server.listen).await?;
+    let admin = bind(settings.server.admin_listen).await?;
+    let limits = ConnLimits {
+        header_read_timeout: settings.server.read_timeout,
+        grace: settings.server.shutdown_grace,
+    };
+    let gate = Gate::build(settings).await?;
+    let (stop, stopped) = watch::channel(false);
+    let addr = local_addr(&public);
+    let admin_addr = local_addr(&admin);
+
+    let g = Arc::clone(&gate);
+    let public_task = tokio::spawn(server::serve(
+        public,
+        move |req, peer| pipeline::handle(Arc::clone(&g), req, peer),
+        stopped.clone(),
+        limits,
+    ));
+    let g = Arc::clone(&gate);
+    let admin_task = tokio::spawn(server::serve(
+        admin,
+        move |req, _| admin::handle(Arc::clone(&g), req),
+        stopped,
+        limits,
+    ));
+    tracing::info!(%addr, %admin_addr, backend = gate.store.backend_name(), "hookgate listening");
+    Ok(Running {
+        addr,
+        admin_addr,
+        gate,
+        stop,
+        tasks: vec![public_task, admin_task],
+    })
+}
+
+fn local_addr(listener: &TcpListener) -> SocketAddr {
+    listener
+        .local_addr()
+        .expect("a bound listener has a local address")
+}

@@ -1,0 +1,101 @@
+//! Phases 4 to 6, key, fingerprint and claim: find the event's idempotency
+//! key, fingerprint the payload, and claim the key in the store.
+
+use crate::error::GateError;
+use crate::key::{KeyError, Payload};
+use crate::settings::{OnMismatch, OnMissingKey};
+use crate::store::{Backend, Claim, Existing, LeaseToken, ScopedKey, Snapshot};
+
+use super::Context;
+
+/// The event's scoped key and its payload fingerprint.
+pub struct Identity {
+    pub key: ScopedKey,
+    pub fingerprint: String,
+}
+
+/// What the claim lets the pipeline do next.
+pub enum Decision {
+    /// First delivery: forward it, then complete or release with the token.
+    Fresh(LeaseToken),
+    /// Already processed: answer with the stored response.
+    Replay(Snapshot),
+}
+
+/// Extracts the key and the fingerprint. `Ok(None)`: no key, and the
+/// provider forwards such deliveries without dedupe.
+pub fn identify(cx: &mut Context) -> Result<Option<Identity>, GateError> {
+    let settings = &cx.gate.providers[cx.provider].settings;
+    let payload = Payload::new(&cx.body, &cx.head.headers);
+    let key = match &settings.key {
+        Some(source) => source.extract(&payload).map_err(|e| match e {
+            KeyError::NotJson | KeyError::NotForm | KeyError::Invalid(_) => {
+                GateError::BadPayload(e.to_string())
+            }
+        })?,
+        None => None,
+    };
+    let Some(key) = key else {
+        return match settings.on_missing_key {
+            OnMissingKey::Reject => Err(GateError::MissingKey),
+            OnMissingKey::Forward => Ok(None),
+        };
+    };
+    let fingerprint = payload.fingerprint(settings.fingerprint, &settings.volatile_fields);
+    let key = ScopedKey::new(&settings.name, key);
+    cx.record.key = Some(key.key.clone());
+    Ok(Some(Identity { key, fingerprint }))
+}
+
+/// Claims the key. Fails closed: a store error ends the delivery with 503
+/// and nothing is forwarded.
+pub async fn claim(cx: &mut Context, identity: &Identity) -> Result<Decision, GateError> {
+    let gate = &cx.gate;
+    let settings = &gate.providers[cx.provider].settings;
+    let claim = gate
+        .store
+        .claim(
+            &identity.key,
+            &identity.fingerprint,
+            gate.settings.dedupe.lease,
+        )
+        .await?;
+    let existing = match claim {
+        Claim::Fresh(token) => {
+            cx.record.dedupe = "fresh";
+            return Ok(Decision::Fresh(token));
+        }
+        Claim::Existing(existing) => existing,
+        Claim::Mismatch {
+            stored_fingerprint,
+            existing,
+        } => {
+            tracing::warn!(
+                provider = %settings.name,
+                key = %identity.key.key,
+                stored_fingerprint = %stored_fingerprint,
+                incoming_fingerprint = %identity.fingerprint,
+                "payload mismatch: a known event id arrived with a different payload"
+            );
+            if settings.on_mismatch == OnMismatch::Reject {
+                return Err(GateError::PayloadMismatch {
+                    stored: stored_fingerprint,
+                    incoming: identity.fingerprint.clone(),
+                });
+            }
+            cx.record.dedupe = "mismatch";
+            existing
+        }
+    };
+    match existing {
+        Existing::InFlight { retry_after } => Err(GateError::InFlight { retry_after }),
+        Existing::Completed(snapshot) => {
+            if cx.record.dedupe != "mismatch" {
+                cx.record.dedupe = "duplicate";
+            }
+            cx.record.outcome = "duplicate";
+            cx.record.upstream_status = Some(snapshot.status);
+            Ok(Decision::Replay(snapshot))
+        }
+    }
+}

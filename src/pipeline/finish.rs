@@ -1,0 +1,169 @@
+//! Phase 8, finish: what the app's answer means for the claim, and what the
+//! sender is told.
+//!
+//! 2xx: mark the key completed with a snapshot of the answer (a failed mark
+//! is retried in the background; the sender still gets its 2xx, since the
+//! app did the work). Anything else: release the key so the sender's retry
+//! gets through, and pass the app's answer (or 502/504) back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http::header::{self, HeaderValue};
+
+use super::Context;
+use crate::body::{self, ProxyBody};
+use crate::error::{GateError, RESULT_HEADER};
+use crate::gate::Gate;
+use crate::store::{Backend, LeaseToken, ScopedKey, Snapshot};
+use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
+
+/// How often, and how far apart, a failed mark is retried.
+const MARK_RETRIES: u32 = 5;
+const MARK_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Finishes a delivery that holds a claim.
+pub async fn claimed(
+    cx: &mut Context,
+    key: ScopedKey,
+    token: LeaseToken,
+    answer: Result<Buffered, UpstreamError>,
+) -> Result<Response<ProxyBody>, GateError> {
+    let gate = Arc::clone(&cx.gate);
+    let answer = match answer {
+        Ok(answer) if answer.parts.status.is_success() => {
+            mark(&gate, cx.provider, key, token, &answer).await;
+            return Ok(relay(answer, "forwarded"));
+        }
+        other => other,
+    };
+    if let Err(e) = gate.store.release(&key, &token).await {
+        // The lease expires on its own; the sender's retry waits for it.
+        tracing::warn!(key = %key, error = %e, "release failed; the lease will expire");
+    }
+    unclaimed(cx, answer)
+}
+
+/// Marks the key completed; a failed mark is retried in the background.
+async fn mark(
+    gate: &Arc<Gate>,
+    provider: usize,
+    key: ScopedKey,
+    token: LeaseToken,
+    answer: &Buffered,
+) {
+    let retention = gate.providers[provider].settings.retention;
+    let snapshot = snapshot(answer, gate.settings.dedupe.max_response_bytes);
+    match gate
+        .store
+        .complete(&key, &token, &snapshot, retention)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(key = %key, "claim lost before the mark: the lease had expired");
+        }
+        Err(e) => {
+            tracing::warn!(key = %key, error = %e, "mark failed; retrying in the background");
+            spawn_mark_retry(Arc::clone(gate), key, token, snapshot, retention);
+        }
+    }
+}
+
+/// Finishes a delivery forwarded without a claim (no key, forward mode).
+pub fn unclaimed(
+    cx: &mut Context,
+    answer: Result<Buffered, UpstreamError>,
+) -> Result<Response<ProxyBody>, GateError> {
+    match answer {
+        Ok(answer) if answer.parts.status.is_success() => Ok(relay(answer, "forwarded")),
+        Ok(answer) => {
+            cx.record.outcome = "upstream_error";
+            Ok(relay(answer, "upstream_error"))
+        }
+        Err(UpstreamError::Timeout(d)) => Err(GateError::UpstreamTimeout(d)),
+        Err(e) => Err(GateError::UpstreamUnreachable(e.to_string())),
+    }
+}
+
+/// Answers a duplicate with the stored response.
+pub fn replay(snapshot: Snapshot) -> Response<ProxyBody> {
+    let mut response = Response::new(body::full(snapshot.body));
+    *response.status_mut() =
+        http::StatusCode::from_u16(snapshot.status).unwrap_or(http::StatusCode::OK);
+    let headers = response.headers_mut();
+    if let Some(v) = snapshot
+        .content_type
+        .and_then(|ct| HeaderValue::try_from(ct).ok())
+    {
+        headers.insert(header::CONTENT_TYPE, v);
+    }
+    headers.insert(RESULT_HEADER, HeaderValue::from_static("duplicate"));
+    response
+}
+
+/// The app's answer, passed back to the sender with the gate's verdict.
+fn relay(answer: Buffered, result: &'static str) -> Response<ProxyBody> {
+    let Buffered { mut parts, body } = answer;
+    strip_hop_by_hop(&mut parts.headers);
+    parts
+        .headers
+        .insert(RESULT_HEADER, HeaderValue::from_static(result));
+    Response::from_parts(parts, body::full(body))
+}
+
+/// What a duplicate will be answered with. A body over the limit is not
+/// stored at all: a truncated JSON answer would be worse than an empty one.
+fn snapshot(answer: &Buffered, max_bytes: usize) -> Snapshot {
+    let content_type = answer
+        .parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = if answer.body.len() <= max_bytes {
+        answer.body.clone()
+    } else {
+        Bytes::new()
+    };
+    Snapshot {
+        status: answer.parts.status.as_u16(),
+        content_type,
+        body,
+    }
+}
+
+/// Retries the mark with backoff, until it lands, the claim is found lost,
+/// or the attempts run out (then the lease expires and a redelivery would
+/// be forwarded again: the at-least-once boundary).
+fn spawn_mark_retry(
+    gate: Arc<Gate>,
+    key: ScopedKey,
+    token: LeaseToken,
+    snapshot: Snapshot,
+    retention: Duration,
+) {
+    tokio::spawn(async move {
+        for attempt in 1..=MARK_RETRIES {
+            tokio::time::sleep(MARK_BACKOFF * attempt).await;
+            match gate
+                .store
+                .complete(&key, &token, &snapshot, retention)
+                .await
+            {
+                Ok(true) => {
+                    tracing::info!(key = %key, attempt, "mark retry succeeded");
+                    return;
+                }
+                Ok(false) => {
+                    tracing::warn!(key = %key, attempt, "mark retry found the claim lost");
+                    return;
+                }
+                Err(e) => tracing::warn!(key = %key, attempt, error = %e, "mark retry failed"),
+            }
+        }
+        tracing::error!(key = %key, "mark retries exhausted; a redelivery may be forwarded again");
+    });
+}

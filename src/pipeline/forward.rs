@@ -1,0 +1,98 @@
+//! Phase 7, forward: the delivery to the application, byte for byte, with
+//! the original headers minus hop-by-hop ones and the gate's own headers.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Version};
+
+use super::Context;
+use crate::body;
+use crate::store::ScopedKey;
+use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
+
+pub const EVENT_KEY: HeaderName = HeaderName::from_static("hookgate-event-key");
+pub const PROVIDER: HeaderName = HeaderName::from_static("hookgate-provider");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Sends the delivery and reads the app's answer, within `upstream.timeout`.
+pub async fn send(cx: &mut Context, key: Option<&ScopedKey>) -> Result<Buffered, UpstreamError> {
+    let provider = &cx.gate.providers[cx.provider].settings;
+    let path_and_query = match (&provider.upstream_path, cx.head.uri.query()) {
+        (Some(path), Some(q)) => format!("{path}?{q}"),
+        (Some(path), None) => path.clone(),
+        (None, _) => cx
+            .head
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned(),
+    };
+    let uri = cx.gate.upstream.target(&path_and_query)?;
+    let mut headers = cx.head.headers.clone();
+    prepare_headers(cx, &mut headers);
+    if let Some(key) = key {
+        // Keys are validated printable text, so this cannot fail.
+        if let Ok(v) = HeaderValue::try_from(key.to_string()) {
+            headers.insert(EVENT_KEY, v);
+        }
+    }
+    if let Ok(v) = HeaderValue::try_from(provider.name.as_str()) {
+        headers.insert(PROVIDER, v);
+    }
+    let mut req = Request::new(body::full(cx.body.clone()));
+    *req.method_mut() = cx.head.method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = headers;
+    let result = cx.gate.upstream.call_buffered(req).await;
+    if let Ok(answer) = &result {
+        cx.record.upstream_status = Some(answer.parts.status.as_u16());
+    }
+    result
+}
+
+/// The headers every forwarded request gets, delivery or passthrough: no
+/// hop-by-hop headers, no sender-supplied `Hookgate-*` headers (the app
+/// trusts those), `Host` kept, and the `X-Forwarded-*` pair.
+pub fn prepare_headers(cx_peer: &impl PeerInfo, headers: &mut HeaderMap) {
+    strip_hop_by_hop(headers);
+    let spoofed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("hookgate-"))
+        .cloned()
+        .collect();
+    for name in spoofed {
+        headers.remove(name);
+    }
+    if !headers.contains_key(header::HOST)
+        && let Some(authority) = cx_peer.authority()
+        && let Ok(v) = HeaderValue::try_from(authority)
+    {
+        headers.insert(header::HOST, v);
+    }
+    let peer = cx_peer.peer_ip();
+    let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prior) => format!("{prior}, {peer}"),
+        None => peer,
+    };
+    if let Ok(v) = HeaderValue::try_from(forwarded_for) {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+}
+
+/// What `prepare_headers` needs to know of the incoming request.
+pub trait PeerInfo {
+    fn peer_ip(&self) -> String;
+    fn authority(&self) -> Option<String>;
+}
+
+impl PeerInfo for Context {
+    fn peer_ip(&self) -> String {
+        self.peer.ip().to_string()
+    }
+
+    fn authority(&self) -> Option<String> {
+        self.head.uri.authority().map(|a| a.to_string())
+    }
+}

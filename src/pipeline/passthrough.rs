@@ -1,0 +1,65 @@
+//! Requests that are not deliveries (other paths, or handshake methods a
+//! provider lists in `passthrough_methods`): proxied unchanged and streamed,
+//! with no verification and no dedupe.
+
+use std::net::SocketAddr;
+
+use http::{Request, Response, Uri, Version};
+use hyper::body::Incoming;
+
+use super::forward::{PeerInfo, prepare_headers};
+use crate::body::{self, ProxyBody};
+use crate::error::GateError;
+use crate::gate::Gate;
+use crate::upstream::{UpstreamError, strip_hop_by_hop};
+
+struct Peer<'a> {
+    addr: SocketAddr,
+    uri: &'a Uri,
+}
+
+impl PeerInfo for Peer<'_> {
+    fn peer_ip(&self) -> String {
+        self.addr.ip().to_string()
+    }
+
+    fn authority(&self) -> Option<String> {
+        self.uri.authority().map(|a| a.to_string())
+    }
+}
+
+/// Proxies the request and streams the answer back.
+pub async fn forward(gate: &Gate, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    match call(gate, req, peer).await {
+        Ok(response) => response,
+        Err(UpstreamError::Timeout(d)) => GateError::UpstreamTimeout(d).to_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "passthrough request failed");
+            GateError::UpstreamUnreachable(e.to_string()).to_response()
+        }
+    }
+}
+
+async fn call(
+    gate: &Gate,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, UpstreamError> {
+    let (mut head, incoming) = req.into_parts();
+    let pq = head.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let target = gate.upstream.target(pq)?;
+    prepare_headers(
+        &Peer {
+            addr: peer,
+            uri: &head.uri,
+        },
+        &mut head.headers,
+    );
+    head.uri = target;
+    head.version = Version::HTTP_11;
+    let upstream_req = Request::from_parts(head, body::stream(incoming));
+    let response = gate.upstream.call_streaming(upstream_req).await?;
+    let (mut parts, incoming) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, body::stream(incoming)))
+}

@@ -1,0 +1,126 @@
+//! Signature schemes: one file per scheme, dispatched through [`Scheme`].
+//!
+//! Every scheme verifies over the raw body bytes, before anything is parsed,
+//! against every active secret, comparing in constant time. A scheme that
+//! signs a timestamp returns it; the window phase decides whether it is stale.
+
+mod crypto;
+mod github;
+mod hmac;
+mod standard;
+mod stripe;
+
+use std::fmt;
+
+use http::{HeaderMap, Uri};
+
+use crate::secret::ActiveSecret;
+
+pub use self::hmac::{Algorithm, Encoding, HmacScheme, Template};
+
+/// What a scheme sees of a delivery.
+#[derive(Clone, Copy, Debug)]
+pub struct Delivery<'a> {
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+    pub uri: &'a Uri,
+}
+
+/// A delivery whose signature matched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified {
+    /// Position of the matching secret in the provider's configured list.
+    pub secret_index: usize,
+    /// The signed timestamp, in Unix seconds, when the scheme signs one.
+    pub timestamp: Option<i64>,
+}
+
+/// Why a signature did not verify. Messages name headers, never values.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("signature header {0} is missing")]
+    MissingHeader(&'static str),
+    #[error("signature header {0} is malformed")]
+    Malformed(&'static str),
+    #[error("no active secret matches the signature")]
+    NoMatch,
+    #[error("the provider has no usable secret")]
+    NoUsableSecret,
+}
+
+/// A signature scheme with its parameters.
+#[derive(Clone, Debug)]
+pub enum Scheme {
+    Stripe,
+    Github,
+    Standard,
+    Hmac(HmacScheme),
+}
+
+/// Headers a real sender would attach, as (name, value) pairs.
+pub type SignedHeaders = Vec<(String, String)>;
+
+impl Scheme {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Stripe => "stripe",
+            Self::Github => "github",
+            Self::Standard => "standard",
+            Self::Hmac(_) => "hmac",
+        }
+    }
+
+    /// The scheme's default idempotency key source (SPEC section 3).
+    pub fn default_key(&self) -> Option<&'static str> {
+        match self {
+            Self::Stripe => Some("json:/id"),
+            Self::Github => Some("header:X-GitHub-Delivery"),
+            Self::Standard => Some("header:webhook-id"),
+            Self::Hmac(_) => None,
+        }
+    }
+
+    /// How long the sender keeps retrying, for `hookgate check`'s warning.
+    pub fn retry_window(&self) -> Option<std::time::Duration> {
+        const HOUR: u64 = 3600;
+        match self {
+            Self::Stripe | Self::Github => Some(std::time::Duration::from_secs(3 * 24 * HOUR)),
+            Self::Standard => Some(std::time::Duration::from_secs(28 * HOUR)),
+            Self::Hmac(_) => None,
+        }
+    }
+
+    /// Verifies the delivery against every active secret; any match passes.
+    pub fn verify(
+        &self,
+        delivery: &Delivery<'_>,
+        secrets: &[ActiveSecret],
+    ) -> Result<Verified, VerifyError> {
+        if secrets.is_empty() {
+            return Err(VerifyError::NoUsableSecret);
+        }
+        match self {
+            Self::Stripe => stripe::verify(delivery, secrets),
+            Self::Github => github::verify(delivery, secrets),
+            Self::Standard => standard::verify(delivery, secrets),
+            Self::Hmac(params) => params.verify(delivery, secrets),
+        }
+    }
+
+    /// The headers a sender would attach to `body`, for `hookgate sign` and
+    /// tests. `id` goes where the scheme carries an event id in a header.
+    pub fn sign(&self, secret: &[u8], body: &[u8], id: &str, timestamp: i64) -> SignedHeaders {
+        match self {
+            Self::Stripe => stripe::sign(secret, body, timestamp),
+            Self::Github => github::sign(secret, body, id),
+            Self::Standard => standard::sign(secret, body, id, timestamp),
+            Self::Hmac(params) => params.sign(secret, body, timestamp),
+        }
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,70 @@
+//! Runtime settings: the validated, typed form of the configuration, built
+//! by `config::build` and consumed by the gate. Nothing here is optional
+//! that has a default; nothing here is a string that still needs parsing.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode, Uri};
+
+pub use crate::config::file::{FingerprintMode, OnMismatch, OnMissingKey};
+use crate::key::KeySource;
+use crate::provider::Scheme;
+use crate::secret::SecretSpec;
+use crate::store::StoreSettings;
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub upstream: UpstreamSettings,
+    pub store: StoreSettings,
+    pub dedupe: DedupeSettings,
+    pub providers: Vec<ProviderSettings>,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub max_body_bytes: u64,
+    pub read_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub client_ip_header: Option<HeaderName>,
+}
+
+#[derive(Clone, Debug)]
+pub struct UpstreamSettings {
+    /// Scheme and authority of the application, with an optional base path.
+    pub url: Uri,
+    pub timeout: Duration,
+    pub passthrough: bool,
+}
+
+/// Store-wide dedupe parameters that providers may override.
+#[derive(Clone, Debug)]
+pub struct DedupeSettings {
+    pub retention: Duration,
+    pub lease: Duration,
+    pub max_response_bytes: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct ProviderSettings {
+    pub name: String,
+    pub scheme: Scheme,
+    pub path: String,
+    pub secrets: Vec<SecretSpec>,
+    pub tolerance: Duration,
+    pub future_tolerance: Duration,
+    /// `None` only when the scheme has no default and the user set none,
+    /// which validation refuses; kept optional for `on_missing_key`.
+    pub key: Option<KeySource>,
+    pub on_missing_key: OnMissingKey,
+    pub fingerprint: FingerprintMode,
+    pub volatile_fields: Vec<String>,
+    pub on_mismatch: OnMismatch,
+    pub retention: Duration,
+    pub reject_status: StatusCode,
+    pub upstream_path: Option<String>,
+    pub passthrough_methods: Vec<Method>,
+}

@@ -1,0 +1,264 @@
+//! The dedupe store: one contract (SPEC section 4), several backends.
+//!
+//! `claim` is atomic: of any number of concurrent claims of one key, across
+//! any number of gate replicas sharing the store, exactly one is `Fresh`.
+//! `complete` and `release` act only while the caller's token still owns the
+//! key, so a holder whose lease expired can never overwrite a newer one.
+
+mod memory;
+mod redis;
+mod sqlite;
+
+use std::fmt;
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+pub use self::memory::MemoryStore;
+pub use self::redis::RedisStore;
+pub use self::sqlite::SqliteStore;
+
+/// An idempotency key scoped by its provider: `{provider}:{key}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScopedKey {
+    pub provider: String,
+    pub key: String,
+}
+
+impl ScopedKey {
+    pub fn new(provider: impl Into<String>, key: impl Into<String>) -> Self {
+        Self {
+            provider: provider.into(),
+            key: key.into(),
+        }
+    }
+}
+
+impl fmt::Display for ScopedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.provider, self.key)
+    }
+}
+
+/// Proof of ownership of an in-flight claim: 128 random bits, hex-encoded.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LeaseToken(pub String);
+
+impl LeaseToken {
+    pub fn generate() -> Self {
+        Self(format!("{:032x}", rand::random::<u128>()))
+    }
+}
+
+/// What is replayed to a duplicate: the first successful upstream answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub status: u16,
+    pub content_type: Option<String>,
+    pub body: Bytes,
+}
+
+/// The state of a key someone else already holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Existing {
+    /// Another delivery holds an unexpired lease.
+    InFlight { retry_after: Duration },
+    /// The event was processed; this is what the app answered.
+    Completed(Snapshot),
+}
+
+/// The outcome of a claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Nobody held the key (or a lease had expired): the caller owns it now.
+    Fresh(LeaseToken),
+    /// The key is held or done, with the same payload fingerprint.
+    Existing(Existing),
+    /// The key is held or done with a different payload fingerprint.
+    Mismatch {
+        stored_fingerprint: String,
+        existing: Existing,
+    },
+}
+
+impl Claim {
+    /// Builds the outcome for a key found held, comparing fingerprints. An
+    /// empty fingerprint on either side means detection is disabled.
+    pub fn held(stored_fingerprint: &str, incoming: &str, existing: Existing) -> Self {
+        if stored_fingerprint.is_empty() || incoming.is_empty() || stored_fingerprint == incoming {
+            Self::Existing(existing)
+        } else {
+            Self::Mismatch {
+                stored_fingerprint: stored_fingerprint.to_owned(),
+                existing,
+            }
+        }
+    }
+}
+
+/// What `hookgate keys get` shows of a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub fingerprint: String,
+    pub state: Existing,
+}
+
+/// A store failure. Messages never contain credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store unreachable: {0}")]
+    Unavailable(String),
+    #[error("store operation timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("store data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// The contract every backend implements.
+pub trait Backend: Send + Sync {
+    /// Claims `key` for a lease of `lease`, unless someone holds it.
+    fn claim(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Marks the key completed for `retention`, if `token` still owns it.
+    fn complete(
+        &self,
+        key: &ScopedKey,
+        token: &LeaseToken,
+        snapshot: &Snapshot,
+        retention: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Forgets an in-flight claim, if `token` still owns it.
+    fn release(
+        &self,
+        key: &ScopedKey,
+        token: &LeaseToken,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The key's current state, if any.
+    fn get(
+        &self,
+        key: &ScopedKey,
+    ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
+
+    /// Forgets the key whatever its state (operator force-replay).
+    fn forget(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Answers when the store is reachable.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// Which backend to open, with its parameters (built from the config).
+#[derive(Clone, Debug)]
+pub enum BackendSettings {
+    Memory { capacity: usize },
+    Sqlite { path: PathBuf },
+    Redis { url: String, prefix: String },
+}
+
+/// Runtime store settings.
+#[derive(Clone, Debug)]
+pub struct StoreSettings {
+    pub backend: BackendSettings,
+    /// Upper bound of one store operation; past it the store counts as down.
+    pub op_timeout: Duration,
+}
+
+/// The configured backend, dispatched by enum so the pipeline is not
+/// generic, with every operation bounded by the store's timeout.
+pub struct Store {
+    backend: Dispatch,
+    op_timeout: Duration,
+}
+
+enum Dispatch {
+    Memory(MemoryStore),
+    Sqlite(SqliteStore),
+    Redis(RedisStore),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $call:expr) => {{
+        let fut = async {
+            match &$self.backend {
+                Dispatch::Memory($s) => $call.await,
+                Dispatch::Sqlite($s) => $call.await,
+                Dispatch::Redis($s) => $call.await,
+            }
+        };
+        match tokio::time::timeout($self.op_timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout($self.op_timeout)),
+        }
+    }};
+}
+
+impl Store {
+    /// Opens the backend. Redis connects lazily and reconnects on its own, so
+    /// opening succeeds while it is down; the first operation reports it.
+    pub async fn open(settings: &StoreSettings) -> Result<Self, StoreError> {
+        let backend = match &settings.backend {
+            BackendSettings::Memory { capacity } => Dispatch::Memory(MemoryStore::new(*capacity)),
+            BackendSettings::Sqlite { path } => Dispatch::Sqlite(SqliteStore::open(path).await?),
+            BackendSettings::Redis { url, prefix } => {
+                Dispatch::Redis(RedisStore::open(url, prefix, settings.op_timeout).await?)
+            }
+        };
+        Ok(Self {
+            backend,
+            op_timeout: settings.op_timeout,
+        })
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Dispatch::Memory(_) => "memory",
+            Dispatch::Sqlite(_) => "sqlite",
+            Dispatch::Redis(_) => "redis",
+        }
+    }
+}
+
+impl Backend for Store {
+    async fn claim(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &str,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        dispatch!(self, s => s.claim(key, fingerprint, lease))
+    }
+
+    async fn complete(
+        &self,
+        key: &ScopedKey,
+        token: &LeaseToken,
+        snapshot: &Snapshot,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.complete(key, token, snapshot, retention))
+    }
+
+    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.release(key, token))
+    }
+
+    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
+        dispatch!(self, s => s.get(key))
+    }
+
+    async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        dispatch!(self, s => s.forget(key))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        dispatch!(self, s => s.ping())
+    }
+}

@@ -1,0 +1,177 @@
+//! The application behind the gate: a pooled hyper-util client, hop-by-hop
+//! header handling, target URLs and timeouts.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName};
+use http::{Request, Response, Uri};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::body::ProxyBody;
+use crate::settings::UpstreamSettings;
+
+/// The most of an upstream answer the gate buffers for a delivery. Webhook
+/// answers are small; a larger one is treated as a failed call.
+const MAX_BUFFERED_RESPONSE: usize = 8 * 1024 * 1024;
+
+/// Why a call to the application failed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("connect failed: {0}")]
+    Connect(String),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("call failed: {0}")]
+    Other(String),
+}
+
+/// A fully read upstream answer.
+pub struct Buffered {
+    pub parts: http::response::Parts,
+    pub body: Bytes,
+}
+
+pub struct Upstream {
+    client: Client<HttpConnector, ProxyBody>,
+    base: Uri,
+    timeout: Duration,
+}
+
+impl Upstream {
+    pub fn new(settings: &UpstreamSettings) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(settings.timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self {
+            client,
+            base: settings.url.clone(),
+            timeout: settings.timeout,
+        }
+    }
+
+    /// The target for `path_and_query`: the upstream's scheme, authority and
+    /// base path, then the request's path and query.
+    pub fn target(&self, path_and_query: &str) -> Result<Uri, UpstreamError> {
+        let base = self.base.path().trim_end_matches('/');
+        let pq = format!("{base}{path_and_query}");
+        Uri::builder()
+            .scheme(self.base.scheme_str().unwrap_or("http"))
+            .authority(self.base.authority().map_or("", |a| a.as_str()))
+            .path_and_query(pq)
+            .build()
+            .map_err(|e| UpstreamError::Other(e.to_string()))
+    }
+
+    /// Sends a delivery and reads the whole answer, all within the timeout.
+    pub async fn call_buffered(&self, req: Request<ProxyBody>) -> Result<Buffered, UpstreamError> {
+        let exchange = async {
+            let response = self.client.request(req).await.map_err(classify)?;
+            let (parts, body) = response.into_parts();
+            let body = Limited::new(body, MAX_BUFFERED_RESPONSE)
+                .collect()
+                .await
+                .map_err(|e| UpstreamError::Other(format!("reading the answer: {e}")))?
+                .to_bytes();
+            Ok(Buffered { parts, body })
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .unwrap_or(Err(UpstreamError::Timeout(self.timeout)))
+    }
+
+    /// Sends a passthrough request; the answer streams back as it comes.
+    pub async fn call_streaming(
+        &self,
+        req: Request<ProxyBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        tokio::time::timeout(self.timeout, self.client.request(req))
+            .await
+            .map_err(|_| UpstreamError::Timeout(self.timeout))?
+            .map_err(classify)
+    }
+}
+
+fn classify(e: hyper_util::client::legacy::Error) -> UpstreamError {
+    if e.is_connect() {
+        UpstreamError::Connect(error_chain(&e))
+    } else {
+        UpstreamError::Other(error_chain(&e))
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Headers meaningful only for one connection (RFC 9110 section 7.6.1).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Removes hop-by-hop headers, including any the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::try_from(name.trim()).ok())
+        .collect();
+    for name in HOP_BY_HOP.iter().chain(named.iter()) {
+        headers.remove(name);
+    }
+    headers.remove(header::UPGRADE);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_the_ones_connection_names_go() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "keep-alive, x-private".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("x-private", "1".parse().unwrap());
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+        h.insert("stripe-signature", "t=1,v1=ab".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("stripe-signature"));
+    }
+
+    #[test]
+    fn targets_join_base_path_and_request() {
+        let up = Upstream::new(&UpstreamSettings {
+            url: Uri::from_static("http://127.0.0.1:3000/app/"),
+            timeout: Duration::from_secs(1),
+            passthrough: true,
+        });
+        assert_eq!(
+            up.target("/hooks?a=1").unwrap().to_string(),
+            "http://127.0.0.1:3000/app/hooks?a=1"
+        );
+    }
+}

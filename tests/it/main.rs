@@ -1,0 +1,10 @@
+//! One integration test binary: the real gate on port 0, a recording
+//! upstream on port 0, real redis-server processes.
+
+mod cli;
+mod dedupe;
+mod forwarding;
+mod store_conformance;
+mod store_faults;
+mod support;
+mod verification;

@@ -1,0 +1,5 @@
+//! Test support: the real gate, a recording upstream, real servers.
+
+pub mod gate;
+pub mod redis_server;
+pub mod upstream;
