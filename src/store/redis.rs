@@ -1,49 +1,331 @@
-//! The redis backend (stub).
-pub struct RedisStore;
-impl RedisStore {
-    pub async fn open(
-        _url: &str,
-        _prefix: &str,
-        _op_timeout: std::time::Duration,
-    ) -> Result<Self, super::StoreError> {
-        todo!()
+//! The redis backend: the store shared by several replicas.
+//!
+//! Each key is one hash, `{prefix}:{provider}:{key}`, whose TTL is the lease
+//! while in flight and the retention once completed, so redis expires keys
+//! itself. Every operation that reads then writes is one Lua script: redis
+//! runs a script atomically, which is what makes a claim exclusive across
+//! replicas. One key per script keeps the backend Redis Cluster compatible.
+
+use std::sync::{LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, ErrorKind, RedisError, Script};
+
+use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
+
+/// Reads a live key as {state, fingerprint, PTTL, status, content type,
+/// body}; nil fields come back as nil (HMGET's `false`), not as holes.
+const READ_STATE: &str = "
+local f = redis.call('HMGET', KEYS[1], 'state', 'fp', 'status', 'ctype', 'body')
+return {f[1], f[2], tostring(redis.call('PTTL', KEYS[1])), f[3], f[4], f[5]}
+";
+
+/// ARGV: token, fingerprint, lease (ms). A missing key was never claimed,
+/// or its lease or retention ran out: take it.
+const CLAIM: &str = "
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'state', 'in_flight', 'token', ARGV[1], 'fp', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {'fresh'}
+end
+";
+
+const GET: &str = "
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {}
+end
+";
+
+/// ARGV: token, retention (ms), status, '1' if a content type follows,
+/// content type, body.
+const COMPLETE: &str = "
+local f = redis.call('HMGET', KEYS[1], 'state', 'token')
+if f[1] ~= 'in_flight' or f[2] ~= ARGV[1] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'body', ARGV[6])
+redis.call('HDEL', KEYS[1], 'token')
+if ARGV[4] == '1' then
+  redis.call('HSET', KEYS[1], 'ctype', ARGV[5])
+else
+  redis.call('HDEL', KEYS[1], 'ctype')
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+";
+
+/// ARGV: token.
+const RELEASE: &str = "
+local f = redis.call('HMGET', KEYS[1], 'state', 'token')
+if f[1] == 'in_flight' and f[2] == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+";
+
+/// Few, quick reconnect attempts: while redis is down each operation should
+/// fail fast (the gate answers 503), and the next one tries again.
+const RECONNECT_RETRIES: usize = 2;
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+
+/// Dedupe state in redis, shared by every replica pointing at it.
+pub struct RedisStore {
+    /// Reconnects by itself after I/O failures; cloning it is cheap and
+    /// shares the connection. Replaced after a refused AUTH (see `error`).
+    conn: Mutex<ConnectionManager>,
+    /// Boxed: it is large and needed only to build a replacement manager.
+    connector: Box<Connector>,
+    prefix: String,
+    /// The URL's password, scrubbed from every error message.
+    secret: Option<String>,
+}
+
+/// What building a connection manager takes, kept to build a replacement.
+struct Connector {
+    client: Client,
+    config: ConnectionManagerConfig,
+}
+
+impl Connector {
+    /// A manager that connects on first use, so no live server is needed.
+    fn lazy_manager(&self) -> Result<ConnectionManager, RedisError> {
+        ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
     }
 }
-impl super::Backend for RedisStore {
+
+/// `Script` sends EVALSHA and falls back to EVAL (loading the script) when
+/// the server does not know it, e.g. after a restart.
+struct Scripts {
+    claim: Script,
+    complete: Script,
+    release: Script,
+    get: Script,
+}
+
+/// Compiled (hashed) once per process.
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    claim: Script::new(&format!("{CLAIM}{READ_STATE}")),
+    complete: Script::new(COMPLETE),
+    release: Script::new(RELEASE),
+    get: Script::new(&format!("{GET}{READ_STATE}")),
+});
+
+/// The fields `READ_STATE` returns, in order.
+type Fields = Vec<Option<Vec<u8>>>;
+
+impl RedisStore {
+    /// Prepares a store for `url` (`redis://`; `rediss://` needs TLS support,
+    /// not built in yet). No connection is made here: opening succeeds while
+    /// redis is down, and each operation connects (or reconnects) as needed,
+    /// each attempt bounded by `op_timeout`.
+    pub async fn open(url: &str, prefix: &str, op_timeout: Duration) -> Result<Self, StoreError> {
+        let secret = password_of(url);
+        let scrub = |e: RedisError| unavailable(&e, secret.as_deref());
+        let client = Client::open(url).map_err(scrub)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(op_timeout))
+            .set_response_timeout(Some(op_timeout))
+            .set_number_of_retries(RECONNECT_RETRIES)
+            .set_min_delay(RECONNECT_MIN_DELAY)
+            .set_max_delay(op_timeout);
+        let connector = Connector { client, config };
+        Ok(Self {
+            conn: Mutex::new(connector.lazy_manager().map_err(scrub)?),
+            connector: Box::new(connector),
+            prefix: prefix.to_owned(),
+            secret,
+        })
+    }
+
+    fn key(&self, key: &ScopedKey) -> String {
+        format!("{}:{}:{}", self.prefix, key.provider, key.key)
+    }
+
+    /// A handle on the shared connection. The lock only guards the swap in
+    /// `error`; a poisoned one still holds a usable manager.
+    fn conn(&self) -> ConnectionManager {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn error(&self, err: RedisError) -> StoreError {
+        if err.kind() == ErrorKind::AuthenticationFailed {
+            // The manager retries only I/O failures, so a refused AUTH would
+            // stick until the gate restarts. A fresh (lazy) manager tries
+            // again on the next operation: fixing the password heals it.
+            if let Ok(fresh) = self.connector.lazy_manager() {
+                *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+            }
+        }
+        match err.kind() {
+            ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
+                StoreError::Corrupt(scrubbed(&format!("redis: {err}"), self.secret.as_deref()))
+            }
+            _ => unavailable(&err, self.secret.as_deref()),
+        }
+    }
+}
+
+impl Backend for RedisStore {
     async fn claim(
         &self,
-        _: &super::ScopedKey,
-        _: &str,
-        _: std::time::Duration,
-    ) -> Result<super::Claim, super::StoreError> {
-        todo!()
+        key: &ScopedKey,
+        fingerprint: &str,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let token = LeaseToken::generate();
+        let fields: Fields = SCRIPTS
+            .claim
+            .key(self.key(key))
+            .arg(&token.0)
+            .arg(fingerprint)
+            .arg(millis(lease))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.error(e))?;
+        if matches!(fields.first(), Some(Some(state)) if state == b"fresh") {
+            return Ok(Claim::Fresh(token));
+        }
+        let (stored, existing) = decode(fields)?;
+        Ok(Claim::held(&stored, fingerprint, existing))
     }
+
     async fn complete(
         &self,
-        _: &super::ScopedKey,
-        _: &super::LeaseToken,
-        _: &super::Snapshot,
-        _: std::time::Duration,
-    ) -> Result<bool, super::StoreError> {
-        todo!()
+        key: &ScopedKey,
+        token: &LeaseToken,
+        snapshot: &Snapshot,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let acted: i64 = SCRIPTS
+            .complete
+            .key(self.key(key))
+            .arg(&token.0)
+            .arg(millis(retention))
+            .arg(snapshot.status)
+            .arg(if snapshot.content_type.is_some() {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(snapshot.content_type.as_deref().unwrap_or(""))
+            .arg(&snapshot.body[..])
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(acted == 1)
     }
-    async fn release(
-        &self,
-        _: &super::ScopedKey,
-        _: &super::LeaseToken,
-    ) -> Result<bool, super::StoreError> {
-        todo!()
+
+    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
+        let acted: i64 = SCRIPTS
+            .release
+            .key(self.key(key))
+            .arg(&token.0)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(acted == 1)
     }
-    async fn get(
-        &self,
-        _: &super::ScopedKey,
-    ) -> Result<Option<super::KeyRecord>, super::StoreError> {
-        todo!()
+
+    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
+        let fields: Fields = SCRIPTS
+            .get
+            .key(self.key(key))
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.error(e))?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        let (fingerprint, state) = decode(fields)?;
+        Ok(Some(KeyRecord { fingerprint, state }))
     }
-    async fn forget(&self, _: &super::ScopedKey) -> Result<bool, super::StoreError> {
-        todo!()
+
+    async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(self.key(key))
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(deleted > 0)
     }
-    async fn ping(&self) -> Result<(), super::StoreError> {
-        todo!()
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        redis::cmd("PING")
+            .query_async::<String>(&mut self.conn())
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(())
     }
+}
+
+/// Turns `READ_STATE`'s fields into (fingerprint, state).
+fn decode(fields: Fields) -> Result<(String, Existing), StoreError> {
+    let mut fields = fields.into_iter();
+    let mut next = || fields.next().flatten();
+    let (state, fingerprint, pttl) = (next(), next(), next());
+    let (status, content_type, body) = (next(), next(), next());
+    let text = |field: Option<Vec<u8>>, name: &str| {
+        String::from_utf8(field.unwrap_or_default())
+            .map_err(|_| StoreError::Corrupt(format!("redis: {name} is not UTF-8")))
+    };
+    let fingerprint = text(fingerprint, "fingerprint")?;
+    let existing = match state.as_deref() {
+        Some(b"in_flight") => {
+            // PTTL is -1 for a key without TTL, which this store never writes.
+            let pttl: i64 = text(pttl, "PTTL")?.parse().unwrap_or(0);
+            let remaining = Duration::from_millis(u64::try_from(pttl).unwrap_or(0));
+            // Retry-After has a one-second resolution: never say zero.
+            Existing::InFlight {
+                retry_after: remaining.max(Duration::from_secs(1)),
+            }
+        }
+        Some(b"completed") => Existing::Completed(Snapshot {
+            status: text(status, "status")?
+                .parse()
+                .map_err(|_| StoreError::Corrupt("redis: invalid status".into()))?,
+            content_type: content_type
+                .map(|c| text(Some(c), "content type"))
+                .transpose()?,
+            body: body.unwrap_or_default().into(),
+        }),
+        _ => {
+            return Err(StoreError::Corrupt(
+                "redis: key without a known state".into(),
+            ));
+        }
+    };
+    Ok((fingerprint, existing))
+}
+
+/// A TTL in milliseconds for PEXPIRE, at least 1: PEXPIRE 0 would delete
+/// the key at once, so a fresh claim would vanish before its caller used it.
+fn millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+fn unavailable(err: &RedisError, secret: Option<&str>) -> StoreError {
+    StoreError::Unavailable(scrubbed(&format!("redis: {err}"), secret))
+}
+
+/// Redis errors do not quote the URL today; scrubbing anyway keeps a future
+/// message (or a server echoing an AUTH argument) from leaking the password.
+fn scrubbed(message: &str, secret: Option<&str>) -> String {
+    match secret {
+        Some(secret) => message.replace(secret, "***"),
+        None => message.to_owned(),
+    }
+}
+
+/// The password of `scheme://user:password@host/...`, if any.
+fn password_of(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let userinfo = authority.rsplit_once('@')?.0;
+    let password = userinfo.split_once(':').map_or(userinfo, |(_, p)| p);
+    (!password.is_empty()).then(|| password.to_owned())
 }

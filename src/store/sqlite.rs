@@ -1,45 +1,389 @@
-//! The sqlite backend (stub).
-pub struct SqliteStore;
+//! The sqlite backend: an embedded, durable file, the default for a single
+//! replica. Keys survive restarts; expired rows are purged in the background.
+//!
+//! rusqlite is synchronous, so every operation runs on tokio's blocking pool
+//! with the one connection behind a mutex. Timestamps are unix milliseconds.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+use tokio::task::AbortHandle;
+
+use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
+
+/// `expires_at` is the lease end while in flight and the retention end once
+/// completed, so one indexed column tells the purge (and every read) which
+/// rows are dead.
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS processed_events (
+    provider              TEXT    NOT NULL,
+    provider_event_id     TEXT    NOT NULL,
+    state                 TEXT    NOT NULL CHECK (state IN ('in_flight', 'completed')),
+    lease_token           TEXT,
+    fingerprint           TEXT    NOT NULL,
+    response_status       INTEGER,
+    response_content_type TEXT,
+    response_body         BLOB,
+    lease_expires_at      INTEGER,
+    expires_at            INTEGER NOT NULL,
+    received_at           INTEGER NOT NULL,
+    PRIMARY KEY (provider, provider_event_id)
+);
+CREATE INDEX IF NOT EXISTS processed_events_expires_at ON processed_events (expires_at);
+";
+
+/// Long enough to queue behind another process's claim, short enough that a
+/// wedged lock surfaces as an error rather than a hung delivery.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+const PURGE_INTERVAL: Duration = Duration::from_secs(30);
+/// Small batches keep each purge transaction short, so claims never wait
+/// long behind a purge of millions of rows.
+const PURGE_BATCH: usize = 500;
+
+/// Dedupe state in a SQLite file (table `processed_events`).
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    purger: AbortHandle,
+}
+
+/// The columns every read needs, in `SELECT_LIVE` order.
+struct Row {
+    state: String,
+    fingerprint: String,
+    lease_expires_at: Option<i64>,
+    status: Option<i64>,
+    content_type: Option<String>,
+    body: Option<Vec<u8>>,
+}
+
+const SELECT_LIVE: &str = "
+SELECT state, fingerprint, lease_expires_at, response_status, response_content_type, response_body
+FROM processed_events
+WHERE provider = ?1 AND provider_event_id = ?2 AND expires_at > ?3";
+
 impl SqliteStore {
-    pub async fn open(_path: &std::path::Path) -> Result<Self, super::StoreError> {
-        todo!()
+    /// Opens (creating if needed) the database file at `path` and starts the
+    /// background purge. The parent directory must exist: creating it would
+    /// hide a mistyped path until the data is found missing.
+    pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        let owned = path.to_owned();
+        let conn = tokio::task::spawn_blocking(move || open_connection(&owned))
+            .await
+            .map_err(task_failed)??;
+        let conn = Arc::new(Mutex::new(conn));
+        let purger = tokio::spawn(purge_loop(Arc::downgrade(&conn))).abort_handle();
+        Ok(Self { conn, purger })
+    }
+
+    /// Deletes every expired row now, in batches; returns how many. The
+    /// background task calls this every 30 s.
+    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+        purge(&self.conn).await
+    }
+
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        run(&self.conn, f).await
     }
 }
-impl super::Backend for SqliteStore {
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.purger.abort();
+    }
+}
+
+/// Runs `f` with the connection on the blocking pool. A poisoned lock is
+/// recovered: a panic inside `f` unwinds through rusqlite's `Transaction`
+/// drop, which rolls back, so the connection is left consistent.
+async fn run<T: Send + 'static>(
+    conn: &Arc<Mutex<Connection>>,
+    f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let conn = Arc::clone(conn);
+    tokio::task::spawn_blocking(move || {
+        let mut guard = conn.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut guard)
+    })
+    .await
+    .map_err(task_failed)?
+}
+
+fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+    // SQLite itself would only say "unable to open database file".
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        return Err(StoreError::Unavailable(format!(
+            "sqlite {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        )));
+    }
+    let setup = || -> rusqlite::Result<Connection> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // WAL lets reads proceed beside a write; with WAL, synchronous=NORMAL
+        // loses no committed claim on a process crash (only on power loss).
+        conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(conn)
+    };
+    // Name the file: this error is what an operator sees at startup.
+    setup().map_err(|e| match StoreError::from(e) {
+        StoreError::Corrupt(m) => StoreError::Corrupt(format!("{m} ({})", path.display())),
+        StoreError::Unavailable(m) => StoreError::Unavailable(format!("{m} ({})", path.display())),
+        other => other,
+    })
+}
+
+async fn purge_loop(conn: Weak<Mutex<Connection>>) {
+    let mut tick = tokio::time::interval(PURGE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // A weak reference: the task must not keep a dropped store's file open.
+        let Some(conn) = conn.upgrade() else { return };
+        if let Err(error) = purge(&conn).await {
+            tracing::warn!(%error, "sqlite store: purging expired rows failed");
+        }
+    }
+}
+
+async fn purge(conn: &Arc<Mutex<Connection>>) -> Result<u64, StoreError> {
+    let mut total = 0;
+    loop {
+        // One lock and one statement per batch, so claims interleave.
+        let deleted = run(conn, |c| {
+            let mut stmt = c.prepare_cached(
+                "DELETE FROM processed_events WHERE rowid IN (
+                     SELECT rowid FROM processed_events WHERE expires_at <= ?1 LIMIT ?2)",
+            )?;
+            Ok(stmt.execute(params![now_ms(), PURGE_BATCH as i64])?)
+        })
+        .await?;
+        total += deleted as u64;
+        if deleted < PURGE_BATCH {
+            return Ok(total);
+        }
+    }
+}
+
+fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>, StoreError> {
+    let mut stmt = c.prepare_cached(SELECT_LIVE)?;
+    let row = stmt
+        .query_row(params![key.provider, key.key, now], |r| {
+            Ok(Row {
+                state: r.get(0)?,
+                fingerprint: r.get(1)?,
+                lease_expires_at: r.get(2)?,
+                status: r.get(3)?,
+                content_type: r.get(4)?,
+                body: r.get(5)?,
+            })
+        })
+        .optional()?;
+    Ok(row)
+}
+
+impl Row {
+    fn existing(self, now: i64) -> Result<Existing, StoreError> {
+        match self.state.as_str() {
+            "in_flight" => {
+                let remaining = self.lease_expires_at.unwrap_or(now).saturating_sub(now);
+                // Retry-After has a one-second resolution: never say zero.
+                let remaining = Duration::from_millis(u64::try_from(remaining).unwrap_or(0));
+                Ok(Existing::InFlight {
+                    retry_after: remaining.max(Duration::from_secs(1)),
+                })
+            }
+            "completed" => {
+                let status = self
+                    .status
+                    .and_then(|s| u16::try_from(s).ok())
+                    .ok_or_else(|| corrupt("completed row without a valid status"))?;
+                Ok(Existing::Completed(Snapshot {
+                    status,
+                    content_type: self.content_type,
+                    body: self.body.unwrap_or_default().into(),
+                }))
+            }
+            other => Err(corrupt(&format!("unknown state {other:?}"))),
+        }
+    }
+}
+
+impl Backend for SqliteStore {
     async fn claim(
         &self,
-        _: &super::ScopedKey,
-        _: &str,
-        _: std::time::Duration,
-    ) -> Result<super::Claim, super::StoreError> {
-        todo!()
+        key: &ScopedKey,
+        fingerprint: &str,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let (key, fingerprint) = (key.clone(), fingerprint.to_owned());
+        self.run(move |c| {
+            let now = now_ms();
+            // IMMEDIATE takes the write lock before the read, so two
+            // processes on one file queue on busy_timeout instead of both
+            // seeing the key free (or deadlocking when upgrading a read lock).
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            if let Some(row) = select_live(&tx, &key, now)? {
+                let stored = row.fingerprint.clone();
+                return Ok(Claim::held(&stored, &fingerprint, row.existing(now)?));
+            }
+            let token = LeaseToken::generate();
+            let lease_end = after(now, lease);
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO processed_events (provider, provider_event_id, state,
+                     lease_token, fingerprint, lease_expires_at, expires_at, received_at)
+                 VALUES (?1, ?2, 'in_flight', ?3, ?4, ?5, ?5, ?6)",
+            )?
+            .execute(params![
+                key.provider,
+                key.key,
+                token.0,
+                fingerprint,
+                lease_end,
+                now
+            ])?;
+            tx.commit()?;
+            Ok(Claim::Fresh(token))
+        })
+        .await
     }
+
     async fn complete(
         &self,
-        _: &super::ScopedKey,
-        _: &super::LeaseToken,
-        _: &super::Snapshot,
-        _: std::time::Duration,
-    ) -> Result<bool, super::StoreError> {
-        todo!()
+        key: &ScopedKey,
+        token: &LeaseToken,
+        snapshot: &Snapshot,
+        retention: Duration,
+    ) -> Result<bool, StoreError> {
+        let (key, token, snapshot) = (key.clone(), token.clone(), snapshot.clone());
+        self.run(move |c| {
+            let now = now_ms();
+            // One statement is its own transaction: the token check and the
+            // write cannot be split by another claim.
+            let changed = c
+                .prepare_cached(
+                    "UPDATE processed_events
+                     SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
+                         response_status = ?4, response_content_type = ?5, response_body = ?6,
+                         expires_at = ?7
+                     WHERE provider = ?1 AND provider_event_id = ?2 AND lease_token = ?3
+                       AND state = 'in_flight' AND expires_at > ?8",
+                )?
+                .execute(params![
+                    key.provider,
+                    key.key,
+                    token.0,
+                    snapshot.status,
+                    snapshot.content_type,
+                    &snapshot.body[..],
+                    after(now, retention),
+                    now,
+                ])?;
+            Ok(changed == 1)
+        })
+        .await
     }
-    async fn release(
-        &self,
-        _: &super::ScopedKey,
-        _: &super::LeaseToken,
-    ) -> Result<bool, super::StoreError> {
-        todo!()
+
+    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
+        let (key, token) = (key.clone(), token.clone());
+        self.run(move |c| {
+            let changed = c
+                .prepare_cached(
+                    "DELETE FROM processed_events
+                     WHERE provider = ?1 AND provider_event_id = ?2 AND lease_token = ?3
+                       AND state = 'in_flight' AND expires_at > ?4",
+                )?
+                .execute(params![key.provider, key.key, token.0, now_ms()])?;
+            Ok(changed == 1)
+        })
+        .await
     }
-    async fn get(
-        &self,
-        _: &super::ScopedKey,
-    ) -> Result<Option<super::KeyRecord>, super::StoreError> {
-        todo!()
+
+    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
+        let key = key.clone();
+        self.run(move |c| {
+            let now = now_ms();
+            select_live(c, &key, now)?
+                .map(|row| {
+                    let fingerprint = row.fingerprint.clone();
+                    let state = row.existing(now)?;
+                    Ok(KeyRecord { fingerprint, state })
+                })
+                .transpose()
+        })
+        .await
     }
-    async fn forget(&self, _: &super::ScopedKey) -> Result<bool, super::StoreError> {
-        todo!()
+
+    async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        let key = key.clone();
+        self.run(move |c| {
+            // An expired row counts as absent; the purge removes it.
+            let changed = c
+                .prepare_cached(
+                    "DELETE FROM processed_events
+                     WHERE provider = ?1 AND provider_event_id = ?2 AND expires_at > ?3",
+                )?
+                .execute(params![key.provider, key.key, now_ms()])?;
+            Ok(changed == 1)
+        })
+        .await
     }
-    async fn ping(&self) -> Result<(), super::StoreError> {
-        todo!()
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.run(|c| {
+            c.query_row("SELECT 1 FROM processed_events LIMIT 1", [], |_| Ok(()))
+                .optional()?;
+            Ok(())
+        })
+        .await
     }
+}
+
+/// Maps SQLite failures: damaged files and undecodable values are
+/// `Corrupt`; everything else (locked, I/O, full disk) is `Unavailable`.
+impl From<rusqlite::Error> for StoreError {
+    fn from(err: rusqlite::Error) -> Self {
+        use rusqlite::Error as E;
+        match &err {
+            E::SqliteFailure(e, _)
+                if matches!(e.code, ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase) =>
+            {
+                corrupt(&err.to_string())
+            }
+            E::FromSqlConversionFailure(..)
+            | E::IntegralValueOutOfRange(..)
+            | E::InvalidColumnType(..)
+            | E::Utf8Error(..) => corrupt(&err.to_string()),
+            _ => StoreError::Unavailable(format!("sqlite: {err}")),
+        }
+    }
+}
+
+fn corrupt(detail: &str) -> StoreError {
+    StoreError::Corrupt(format!("sqlite: {detail}"))
+}
+
+fn task_failed(err: tokio::task::JoinError) -> StoreError {
+    StoreError::Unavailable(format!("sqlite task failed: {err}"))
+}
+
+fn now_ms() -> i64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `now + ttl` in unix milliseconds, saturating.
+fn after(now: i64, ttl: Duration) -> i64 {
+    now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
 }

@@ -1,0 +1,186 @@
+//! How the conformance suite gets a store of each backend, plus the values
+//! the tests share.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hookgate::store::{
+    Backend, Claim, Existing, KeyRecord, LeaseToken, MemoryStore, RedisStore, ScopedKey, Snapshot,
+    SqliteStore,
+};
+use tempfile::TempDir;
+use tokio::sync::Barrier;
+
+use crate::support::redis_server::RedisServer;
+
+/// A lease no test outlives.
+pub const LONG: Duration = Duration::from_secs(30);
+/// A retention no test outlives.
+pub const RETAIN: Duration = Duration::from_secs(3600);
+/// Bound of one redis operation in these tests.
+pub const REDIS_OP_TIMEOUT: Duration = Duration::from_secs(2);
+pub const REDIS_PREFIX: &str = "hookgate-test";
+
+/// A fresh, empty store of one backend, and what it needs kept alive.
+pub trait Harness: Send + Sync + Sized + 'static {
+    type Store: Backend + 'static;
+
+    fn start() -> impl Future<Output = Self> + Send;
+
+    fn store(&self) -> Arc<Self::Store>;
+
+    /// A second store instance over the same data, as a second gate replica
+    /// would open it. Memory cannot share, so it hands out the same store.
+    fn replica(&self) -> impl Future<Output = Arc<Self::Store>> + Send;
+}
+
+pub struct MemoryHarness(Arc<MemoryStore>);
+
+impl Harness for MemoryHarness {
+    type Store = MemoryStore;
+
+    async fn start() -> Self {
+        Self(Arc::new(MemoryStore::new(10_000)))
+    }
+
+    fn store(&self) -> Arc<MemoryStore> {
+        Arc::clone(&self.0)
+    }
+
+    async fn replica(&self) -> Arc<MemoryStore> {
+        self.store()
+    }
+}
+
+pub struct SqliteHarness {
+    _dir: TempDir,
+    path: PathBuf,
+    store: Arc<SqliteStore>,
+}
+
+impl Harness for SqliteHarness {
+    type Store = SqliteStore;
+
+    async fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("hookgate.db");
+        let store = SqliteStore::open(&path).await.expect("open sqlite store");
+        Self {
+            _dir: dir,
+            path,
+            store: Arc::new(store),
+        }
+    }
+
+    fn store(&self) -> Arc<SqliteStore> {
+        Arc::clone(&self.store)
+    }
+
+    async fn replica(&self) -> Arc<SqliteStore> {
+        Arc::new(
+            SqliteStore::open(&self.path)
+                .await
+                .expect("open sqlite replica"),
+        )
+    }
+}
+
+pub struct RedisHarness {
+    server: RedisServer,
+    store: Arc<RedisStore>,
+}
+
+impl Harness for RedisHarness {
+    type Store = RedisStore;
+
+    async fn start() -> Self {
+        let server = RedisServer::start();
+        let store = open_redis(&server.url()).await;
+        Self {
+            server,
+            store: Arc::new(store),
+        }
+    }
+
+    fn store(&self) -> Arc<RedisStore> {
+        Arc::clone(&self.store)
+    }
+
+    async fn replica(&self) -> Arc<RedisStore> {
+        Arc::new(open_redis(&self.server.url()).await)
+    }
+}
+
+async fn open_redis(url: &str) -> RedisStore {
+    RedisStore::open(url, REDIS_PREFIX, REDIS_OP_TIMEOUT)
+        .await
+        .expect("open redis store")
+}
+
+pub fn key(id: &str) -> ScopedKey {
+    ScopedKey::new("stripe", id)
+}
+
+/// A snapshot whose body is not UTF-8, to prove bodies are stored as bytes.
+pub fn snapshot() -> Snapshot {
+    Snapshot {
+        status: 202,
+        content_type: Some("application/json; charset=utf-8".into()),
+        body: Bytes::from_static(b"{\"ok\":true}\n\xff\x00\xfe\x80\r\n"),
+    }
+}
+
+/// The token of a `Fresh` claim; anything else fails the test.
+pub fn fresh(claim: Claim) -> LeaseToken {
+    match claim {
+        Claim::Fresh(token) => token,
+        other => panic!("expected a fresh claim, got {other:?}"),
+    }
+}
+
+/// 50 tasks claim each key at once, spread over `stores`: exactly one wins.
+/// Many rounds, because a lost race shows only when the timing lines up.
+pub async fn race<S: Backend + 'static>(stores: Vec<Arc<S>>) {
+    const CLAIMS: usize = 50;
+    for round in 0..20 {
+        let key = key(&format!("evt_race_{round}"));
+        let start = Arc::new(Barrier::new(CLAIMS));
+        let tasks: Vec<_> = (0..CLAIMS)
+            .map(|i| {
+                let (store, key) = (Arc::clone(&stores[i % stores.len()]), key.clone());
+                let start = Arc::clone(&start);
+                tokio::spawn(async move {
+                    start.wait().await;
+                    store.claim(&key, "fp", LONG).await
+                })
+            })
+            .collect();
+        let (mut fresh, mut in_flight) = (0, 0);
+        for task in tasks {
+            match task.await.expect("claim task").expect("claim") {
+                Claim::Fresh(_) => fresh += 1,
+                Claim::Existing(Existing::InFlight { .. }) => in_flight += 1,
+                other => panic!("unexpected outcome in a race: {other:?}"),
+            }
+        }
+        assert_eq!((fresh, in_flight), (1, CLAIMS - 1), "round {round}");
+    }
+}
+
+/// Fails the test unless `key` is held in flight.
+pub async fn assert_in_flight(store: &impl Backend, key: &ScopedKey) {
+    let record = store.get(key).await.unwrap();
+    assert!(
+        matches!(
+            &record,
+            Some(KeyRecord {
+                state: Existing::InFlight { .. },
+                ..
+            })
+        ),
+        "expected {key} in flight, got {record:?}"
+    );
+}

@@ -1,0 +1,145 @@
+//! Sqlite-only behaviour: durability across restarts, the file's shape, the
+//! purge, and clear errors for a bad path or a damaged file.
+
+use std::time::Duration;
+
+use hookgate::store::{
+    Backend, BackendSettings, Claim, Existing, SqliteStore, Store, StoreError, StoreSettings,
+};
+
+use super::harness::{LONG, RETAIN, fresh, key, snapshot};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn remembers_keys_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hookgate.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let token = fresh(store.claim(&key("done"), "fp-a", LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&key("done"), &token, &snapshot(), RETAIN)
+            .await
+            .unwrap()
+    );
+    let held = fresh(store.claim(&key("held"), "fp-b", LONG).await.unwrap());
+    drop(store);
+
+    let store = SqliteStore::open(&path).await.unwrap();
+    let claim = store.claim(&key("done"), "fp-a", LONG).await.unwrap();
+    assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
+    let claim = store.claim(&key("held"), "fp-b", LONG).await.unwrap();
+    assert!(
+        matches!(claim, Claim::Existing(Existing::InFlight { .. })),
+        "{claim:?}"
+    );
+    // The holder from before the restart still owns its claim.
+    assert!(
+        store
+            .complete(&key("held"), &held, &snapshot(), RETAIN)
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn file_is_wal_with_the_documented_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hookgate.db");
+    let _store = SqliteStore::open(&path).await.unwrap();
+
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let mut stmt = conn
+        .prepare("SELECT name FROM pragma_table_info('processed_events') WHERE pk > 0 ORDER BY pk")
+        .unwrap();
+    let primary_key: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(primary_key, ["provider", "provider_event_id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn purge_deletes_expired_rows_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hookgate.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let short = Duration::from_millis(100);
+    fresh(store.claim(&key("lapsed"), "fp", short).await.unwrap());
+    let token = fresh(store.claim(&key("retired"), "fp", LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&key("retired"), &token, &snapshot(), short)
+            .await
+            .unwrap()
+    );
+    fresh(store.claim(&key("live"), "fp", LONG).await.unwrap());
+    for i in 0..1200 {
+        fresh(
+            store
+                .claim(&key(&format!("bulk_{i}")), "fp", short)
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // More than two batches: the purge loops until none is left.
+    assert_eq!(store.purge_expired().await.unwrap(), 1202);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let ids: Vec<String> = conn
+        .prepare("SELECT provider_event_id FROM processed_events")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(ids, ["live"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn missing_directory_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-such-dir").join("hookgate.db");
+    let err = SqliteStore::open(&path)
+        .await
+        .err()
+        .expect("open must fail");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    assert!(
+        !path.parent().unwrap().exists(),
+        "the directory must not be created"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn damaged_file_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hookgate.db");
+    std::fs::write(&path, [0x5a_u8; 4096]).unwrap();
+    let err = SqliteStore::open(&path)
+        .await
+        .err()
+        .expect("open must fail");
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opens_through_store_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = StoreSettings {
+        backend: BackendSettings::Sqlite {
+            path: dir.path().join("hookgate.db"),
+        },
+        op_timeout: Duration::from_secs(2),
+    };
+    let store = Store::open(&settings).await.expect("open");
+    assert_eq!(store.backend_name(), "sqlite");
+    store.ping().await.unwrap();
+    fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
+}

@@ -1,0 +1,124 @@
+//! A real `redis-server` for tests: on a free port, in a temp dir, with no
+//! persistence, killed on drop. `kill` and `restart` (same port) let fault
+//! tests take it away and bring it back under a running store.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running (or deliberately killed) `redis-server` owned by one test.
+pub struct RedisServer {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers PING.
+    /// Panics (never skips) when the binary is missing.
+    pub fn start() -> Self {
+        let mut server = Self {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    /// `redis://127.0.0.1:{port}`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server and waits for it to exit; the port stays reserved
+    /// for `restart`.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (killing it first if needed),
+    /// empty since nothing is persisted.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    fn spawn(&mut self) {
+        let log = self.dir.path().join("redis.log");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == ErrorKind::NotFound => panic!(
+                "redis-server is not installed; these tests need it: \
+                 apt-get install -y redis-server"
+            ),
+            Err(e) => panic!("cannot start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        self.wait_until_ready(&log);
+    }
+
+    fn wait_until_ready(&mut self, log: &std::path::Path) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if self.answers_ping() {
+                return;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if exited.is_some() || Instant::now() > deadline {
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                self.kill();
+                panic!(
+                    "redis-server on port {} did not start ({exited:?}); log:\n{log}",
+                    self.port
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn answers_ping(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut reply = [0u8; 7];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut reply).is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port the OS just handed out; released at once for redis-server to bind.
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
