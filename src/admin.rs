@@ -14,7 +14,17 @@ use crate::store::Backend;
 pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<ProxyBody> {
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" => match gate.store.ping().await {
+        "/metrics" => {
+            let mut response = Response::new(full(gate.metrics.encode()));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            response
+        }
+        "/readyz" => match gate.timed("ping", gate.store.ping()).await {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(e) => {
                 tracing::warn!(error = %e, "not ready: store unavailable");

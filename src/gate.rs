@@ -2,17 +2,23 @@
 //! the route table, the store and the upstream client.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
+use std::future::Future;
+use std::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::ratelimit::{ProviderLimit, SourceLimit};
 use crate::secret::{RELOAD_INTERVAL, SecretSet};
 use crate::settings::{ProviderSettings, Settings};
-use crate::store::{Store, StoreError};
+use crate::store::{Backend, LeaseToken, ScopedKey, Store, StoreError};
 use crate::upstream::Upstream;
 
 /// A configured provider and its secrets.
 pub struct Provider {
     pub settings: ProviderSettings,
     pub secrets: SecretSet,
+    pub limit: Option<ProviderLimit>,
 }
 
 pub struct Gate {
@@ -21,6 +27,11 @@ pub struct Gate {
     routes: HashMap<String, usize>,
     pub store: Store,
     pub upstream: Upstream,
+    pub metrics: Metrics,
+    pub source_limit: Option<SourceLimit>,
+    /// Claims held by deliveries still running, released if shutdown's
+    /// grace runs out before they finish.
+    inflight: Mutex<HashMap<LeaseToken, ScopedKey>>,
 }
 
 impl Gate {
@@ -43,9 +54,11 @@ impl Gate {
                 Provider {
                     settings: p.clone(),
                     secrets,
+                    limit: p.rate_limit.map(ProviderLimit::new),
                 }
             })
             .collect();
+        let settings_source_limit = settings.server.per_source_rate_limit.map(SourceLimit::new);
         let routes = providers
             .iter()
             .enumerate()
@@ -57,9 +70,57 @@ impl Gate {
             providers,
             routes,
             store,
+            metrics: Metrics::new(),
+            source_limit: settings_source_limit,
+            inflight: Mutex::default(),
         });
-        spawn_secret_reloader(Arc::downgrade(&gate));
+        spawn_housekeeping(Arc::downgrade(&gate));
         Ok(gate)
+    }
+
+    /// Runs a store operation, recording its duration.
+    pub async fn timed<T>(&self, operation: &'static str, op: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let result = op.await;
+        self.metrics
+            .store(self.store.backend_name(), operation, started.elapsed());
+        result
+    }
+
+    /// Notes a claim held by a running delivery.
+    pub fn track(&self, key: &ScopedKey, token: &LeaseToken) {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(token.clone(), key.clone());
+    }
+
+    /// Forgets a claim whose delivery has finished.
+    pub fn untrack(&self, token: &LeaseToken) {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(token);
+    }
+
+    /// Releases every claim still held, so the senders' retries get through
+    /// at once instead of waiting out the lease. Returns how many.
+    pub async fn release_inflight(&self) -> usize {
+        let held: Vec<_> = self
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        let mut released = 0;
+        for (token, key) in held {
+            match self.store.release(&key, &token).await {
+                Ok(true) => released += 1,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(key = %key, error = %e, "release at shutdown failed"),
+            }
+        }
+        released
     }
 
     /// The provider whose `path` is exactly `path`.
@@ -68,13 +129,17 @@ impl Gate {
     }
 }
 
-/// Re-reads file secrets until the gate is dropped.
-fn spawn_secret_reloader(gate: Weak<Gate>) {
+/// Re-reads file secrets and prunes idle rate-limit buckets until the gate
+/// is dropped.
+fn spawn_housekeeping(gate: Weak<Gate>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(RELOAD_INTERVAL);
         loop {
             tick.tick().await;
             let Some(gate) = gate.upgrade() else { return };
+            if let Some(limit) = &gate.source_limit {
+                limit.prune();
+            }
             for p in &gate.providers {
                 if p.secrets.reload_files() > 0 {
                     tracing::info!(provider = %p.settings.name, "secret files changed; reloaded");

@@ -9,8 +9,10 @@ pub mod config;
 pub mod error;
 pub mod gate;
 pub mod key;
+pub mod metrics;
 pub mod pipeline;
 pub mod provider;
+pub mod ratelimit;
 pub mod secret;
 pub mod server;
 pub mod settings;
@@ -58,6 +60,13 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
+        let released = self.gate.release_inflight().await;
+        if released > 0 {
+            tracing::warn!(
+                released,
+                "grace elapsed: released the claims of unfinished deliveries"
+            );
+        }
     }
 }
 
@@ -74,6 +83,8 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
     let limits = ConnLimits {
         header_read_timeout: settings.server.read_timeout,
         grace: settings.server.shutdown_grace,
+        max_connections: settings.server.max_connections,
+        max_header_bytes: settings.server.max_header_bytes,
     };
     let gate = Gate::build(settings).await?;
     let (stop, stopped) = watch::channel(false);

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -13,7 +14,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
 use crate::body::ProxyBody;
 
@@ -24,6 +25,10 @@ pub struct ConnLimits {
     pub header_read_timeout: Duration,
     /// How long in-flight requests get once shutdown starts.
     pub grace: Duration,
+    /// Connections served at once; further ones wait in the backlog.
+    pub max_connections: usize,
+    /// The most a request head may take (HTTP/1 buffer, HTTP/2 header list).
+    pub max_header_bytes: usize,
 }
 
 /// Serves `handler` on `listener` until `shutdown` flips, then stops
@@ -41,10 +46,24 @@ pub async fn serve<F, Fut>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
+        // At the connection limit, stop accepting: the kernel's backlog
+        // holds the rest, which is gentler than accepting and dropping.
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            _ = shutdown.changed() => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -69,6 +88,7 @@ pub async fn serve<F, Fut>(
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, %peer, "connection ended with an error");
                     }
+                    drop(slot);
                 });
             }
             _ = shutdown.changed() => break,

@@ -10,6 +10,7 @@ use http::{HeaderName, Method, StatusCode, Uri};
 pub use crate::config::file::{FingerprintMode, OnMismatch, OnMissingKey};
 use crate::key::KeySource;
 use crate::provider::Scheme;
+use crate::ratelimit::Rate;
 use crate::secret::SecretSpec;
 use crate::store::StoreSettings;
 
@@ -30,6 +31,9 @@ pub struct ServerSettings {
     pub read_timeout: Duration,
     pub shutdown_grace: Duration,
     pub client_ip_header: Option<HeaderName>,
+    pub per_source_rate_limit: Option<Rate>,
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -65,6 +69,7 @@ pub struct ProviderSettings {
     pub on_mismatch: OnMismatch,
     pub retention: Duration,
     pub reject_status: StatusCode,
+    pub rate_limit: Option<Rate>,
     pub upstream_path: Option<String>,
     pub passthrough_methods: Vec<Method>,
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use tracing_subscriber::EnvFilter;
 
 use crate::error::GateError;
+use crate::metrics::Metrics;
 
 /// Installs the JSON log subscriber on stdout; `RUST_LOG` sets the filter.
 pub fn init() {
@@ -71,9 +72,14 @@ impl DeliveryRecord {
         }
     }
 
-    /// Writes the delivery's log line.
-    pub fn emit(self) {
-        let duration_ms = self.started.elapsed().as_secs_f64() * 1000.0;
+    /// Writes the delivery's log line and counts it.
+    pub fn emit(self, metrics: &Metrics) {
+        let elapsed = self.started.elapsed();
+        metrics.delivery(&self.provider, self.outcome, elapsed);
+        if let Some(index) = self.secret_index {
+            metrics.secret_match(&self.provider, index);
+        }
+        let duration_ms = elapsed.as_secs_f64() * 1000.0;
         let duration_ms = (duration_ms * 1000.0).round() / 1000.0;
         if self.outcome == "forwarded" || self.outcome == "duplicate" {
             tracing::info!(

@@ -3,15 +3,17 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
 
-use super::file::{BackendKind, KeyFile, ProviderFile, SchemeKind, SecretFile};
+use super::file::{BackendKind, KeyFile, ProviderFile, RateFile, SchemeKind, SecretFile};
 use super::{ConfigErrors, ConfigFile, Issues};
 use crate::key::KeySource;
 use crate::provider::{Algorithm, Encoding, HmacScheme, Scheme, Template};
+use crate::ratelimit::Rate;
 use crate::secret::{SecretSource, SecretSpec};
 use crate::settings::{
     DedupeSettings, FingerprintMode, OnMismatch, OnMissingKey, ProviderSettings, ServerSettings,
@@ -33,7 +35,18 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
             .client_ip_header
             .as_deref()
             .and_then(|h| header(i, "server.client_ip_header", h)),
+        per_source_rate_limit: s
+            .per_source_rate_limit
+            .and_then(|r| rate(i, "server.per_source_rate_limit", r)),
+        max_connections: s.max_connections,
+        max_header_bytes: s.max_header_bytes,
     };
+    if s.max_connections == 0 {
+        i.push("server.max_connections", "must be greater than 0");
+    }
+    if s.max_header_bytes < 8192 {
+        i.push("server.max_header_bytes", "must be at least 8192");
+    }
     if s.max_body_bytes == 0 {
         i.push("server.max_body_bytes", "must be greater than 0");
     }
@@ -212,6 +225,7 @@ fn providers(
                 .as_deref()
                 .map_or(dedupe.retention, |r| duration(i, &at("retention"), r)),
             reject_status,
+            rate_limit: p.rate_limit.and_then(|r| rate(i, &at("rate_limit"), r)),
             upstream_path: p.upstream_path.clone(),
             passthrough_methods,
         });
@@ -341,6 +355,18 @@ pub(super) fn duration(i: &mut Issues, at: &str, text: &str) -> Duration {
                 format!("`{text}` is not a duration (write \"300ms\", \"30s\", \"5m\" or \"4d\")"),
             );
             Duration::from_secs(1)
+        }
+    }
+}
+
+fn rate(i: &mut Issues, at: &str, r: RateFile) -> Option<Rate> {
+    let per_second = NonZeroU32::new(r.per_second);
+    let burst = NonZeroU32::new(r.burst.unwrap_or(r.per_second));
+    match (per_second, burst) {
+        (Some(per_second), Some(burst)) => Some(Rate { per_second, burst }),
+        _ => {
+            i.push(at, "per_second and burst must be greater than zero");
+            None
         }
     }
 }

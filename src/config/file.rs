@@ -15,6 +15,17 @@ pub struct ServerFile {
     pub read_timeout: String,
     pub shutdown_grace: String,
     pub client_ip_header: Option<String>,
+    pub per_source_rate_limit: Option<RateFile>,
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
+}
+
+/// `{ per_second = 50, burst = 100 }`; `burst` defaults to `per_second`.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateFile {
+    pub per_second: u32,
+    pub burst: Option<u32>,
 }
 
 impl Default for ServerFile {
@@ -26,6 +37,9 @@ impl Default for ServerFile {
             read_timeout: "10s".into(),
             shutdown_grace: "20s".into(),
             client_ip_header: None,
+            per_source_rate_limit: None,
+            max_connections: 4096,
+            max_header_bytes: 64 * 1024,
         }
     }
 }
@@ -157,6 +171,7 @@ pub struct ProviderFile {
     pub on_mismatch: Option<OnMismatch>,
     pub retention: Option<String>,
     pub reject_status: Option<u16>,
+    pub rate_limit: Option<RateFile>,
     pub upstream_path: Option<String>,
     #[serde(default)]
     pub passthrough_methods: Vec<String>,

@@ -52,12 +52,12 @@ pub fn identify(cx: &mut Context) -> Result<Option<Identity>, GateError> {
 pub async fn claim(cx: &mut Context, identity: &Identity) -> Result<Decision, GateError> {
     let gate = &cx.gate;
     let settings = &gate.providers[cx.provider].settings;
+    let lease = gate.settings.dedupe.lease;
     let claim = gate
-        .store
-        .claim(
-            &identity.key,
-            &identity.fingerprint,
-            gate.settings.dedupe.lease,
+        .timed(
+            "claim",
+            gate.store
+                .claim(&identity.key, &identity.fingerprint, lease),
         )
         .await?;
     let existing = match claim {

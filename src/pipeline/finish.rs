@@ -39,7 +39,10 @@ pub async fn claimed(
         }
         other => other,
     };
-    if let Err(e) = gate.store.release(&key, &token).await {
+    if let Err(e) = gate
+        .timed("release", gate.store.release(&key, &token))
+        .await
+    {
         // The lease expires on its own; the sender's retry waits for it.
         tracing::warn!(key = %key, error = %e, "release failed; the lease will expire");
     }
@@ -56,18 +59,16 @@ async fn mark(
 ) {
     let retention = gate.providers[provider].settings.retention;
     let snapshot = snapshot(answer, gate.settings.dedupe.max_response_bytes);
-    match gate
-        .store
-        .complete(&key, &token, &snapshot, retention)
-        .await
-    {
+    let marked = gate.store.complete(&key, &token, &snapshot, retention);
+    match gate.timed("complete", marked).await {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!(key = %key, "claim lost before the mark: the lease had expired");
         }
         Err(e) => {
             tracing::warn!(key = %key, error = %e, "mark failed; retrying in the background");
-            spawn_mark_retry(Arc::clone(gate), key, token, snapshot, retention);
+            let provider = gate.providers[provider].settings.name.clone();
+            spawn_mark_retry(Arc::clone(gate), provider, key, token, snapshot, retention);
         }
     }
 }
@@ -140,6 +141,7 @@ fn snapshot(answer: &Buffered, max_bytes: usize) -> Snapshot {
 /// be forwarded again: the at-least-once boundary).
 fn spawn_mark_retry(
     gate: Arc<Gate>,
+    provider: String,
     key: ScopedKey,
     token: LeaseToken,
     snapshot: Snapshot,
@@ -148,11 +150,9 @@ fn spawn_mark_retry(
     tokio::spawn(async move {
         for attempt in 1..=MARK_RETRIES {
             tokio::time::sleep(MARK_BACKOFF * attempt).await;
-            match gate
-                .store
-                .complete(&key, &token, &snapshot, retention)
-                .await
-            {
+            gate.metrics.mark_retry(&provider);
+            let marked = gate.store.complete(&key, &token, &snapshot, retention);
+            match gate.timed("complete", marked).await {
                 Ok(true) => {
                     tracing::info!(key = %key, attempt, "mark retry succeeded");
                     return;

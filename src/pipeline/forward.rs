@@ -44,7 +44,9 @@ pub async fn send(cx: &mut Context, key: Option<&ScopedKey>) -> Result<Buffered,
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = headers;
+    let started = std::time::Instant::now();
     let result = cx.gate.upstream.call_buffered(req).await;
+    cx.gate.metrics.upstream(&provider.name, started.elapsed());
     if let Ok(answer) = &result {
         cx.record.upstream_status = Some(answer.parts.status.as_u16());
     }

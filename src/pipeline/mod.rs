@@ -1,10 +1,11 @@
-//! The delivery pipeline: read -> verify -> window -> key -> claim ->
+//! The delivery pipeline: rate limit -> read -> verify -> window -> key -> claim ->
 //! forward -> finish. Each phase is a small function in its own file; this
 //! file routes requests and runs the phases in order.
 
 mod claim;
 mod finish;
 mod forward;
+mod limit;
 mod passthrough;
 mod read;
 mod verify;
@@ -100,11 +101,12 @@ async fn deliver(
             error.to_response()
         }
     };
-    cx.record.emit();
+    cx.record.emit(&cx.gate.metrics);
     response
 }
 
 async fn phases(cx: &mut Context, incoming: Incoming) -> Result<Response<ProxyBody>, GateError> {
+    limit::check(cx)?;
     cx.body = read::body(cx, incoming).await?;
     let verified = verify::signature(cx)?;
     verify::window(cx, verified.timestamp)?;
@@ -115,8 +117,12 @@ async fn phases(cx: &mut Context, incoming: Incoming) -> Result<Response<ProxyBo
     };
     match claim::claim(cx, &identity).await? {
         claim::Decision::Fresh(token) => {
+            cx.gate.track(&identity.key, &token);
             let answer = forward::send(cx, Some(&identity.key)).await;
-            finish::claimed(cx, identity.key, token, answer).await
+            let gate = Arc::clone(&cx.gate);
+            let result = finish::claimed(cx, identity.key, token.clone(), answer).await;
+            gate.untrack(&token);
+            result
         }
         claim::Decision::Replay(snapshot) => Ok(finish::replay(snapshot)),
     }

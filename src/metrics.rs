@@ -1,0 +1,192 @@
+//! Metrics of SPEC section 6, exported in the Prometheus text format on the
+//! admin listener's `/metrics`.
+//!
+//! Built on `prometheus-client`, the Prometheus project's own Rust client:
+//! OpenTelemetry's Prometheus exporter is discontinued (its last releases
+//! depend on an unmaintained protobuf crate and its maintainers recommend
+//! against it). Labels are bounded: `provider` is a configured name, and
+//! `outcome`, `operation` and `backend` come from fixed sets of codes.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeliveryLabels {
+    provider: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    backend: &'static str,
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SecretLabels {
+    provider: String,
+    secret: String,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Every instrument the gate records into.
+pub struct Metrics {
+    registry: Registry,
+    deliveries: Family<DeliveryLabels, Counter>,
+    request_duration: Histograms<DeliveryLabels>,
+    upstream_duration: Histograms<ProviderLabels>,
+    store_duration: Histograms<StoreLabels>,
+    secret_matches: Family<SecretLabels, Counter>,
+    mark_retries: Family<ProviderLabels, Counter>,
+}
+
+/// Latency buckets from 0.25 ms to about 16 s.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 17))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let deliveries = Family::default();
+        let request_duration = Histograms::new_with_constructor(latency as fn() -> Histogram);
+        let upstream_duration = Histograms::new_with_constructor(latency as fn() -> Histogram);
+        let store_duration = Histograms::new_with_constructor(latency as fn() -> Histogram);
+        let secret_matches = Family::default();
+        let mark_retries = Family::default();
+        // prometheus-client appends `_total` to counters.
+        registry.register(
+            "hookgate_deliveries",
+            "Deliveries by provider and outcome",
+            deliveries.clone(),
+        );
+        registry.register(
+            "hookgate_request_duration_seconds",
+            "Time from the request head to the answer, by provider and outcome",
+            request_duration.clone(),
+        );
+        registry.register(
+            "hookgate_upstream_duration_seconds",
+            "Time the application took to answer a delivery",
+            upstream_duration.clone(),
+        );
+        registry.register(
+            "hookgate_store_operation_duration_seconds",
+            "Dedupe store operations by backend and operation",
+            store_duration.clone(),
+        );
+        registry.register(
+            "hookgate_secret_matches",
+            "Verified deliveries by the index of the secret that matched",
+            secret_matches.clone(),
+        );
+        registry.register(
+            "hookgate_mark_retries",
+            "Background retries of a failed completion mark",
+            mark_retries.clone(),
+        );
+        Self {
+            registry,
+            deliveries,
+            request_duration,
+            upstream_duration,
+            store_duration,
+            secret_matches,
+            mark_retries,
+        }
+    }
+
+    /// Counts a finished delivery and its duration.
+    pub fn delivery(&self, provider: &str, outcome: &'static str, elapsed: Duration) {
+        let labels = DeliveryLabels {
+            provider: provider.to_owned(),
+            outcome,
+        };
+        self.request_duration
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        self.deliveries.get_or_create(&labels).inc();
+    }
+
+    pub fn secret_match(&self, provider: &str, index: usize) {
+        self.secret_matches
+            .get_or_create(&SecretLabels {
+                provider: provider.to_owned(),
+                secret: index.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn upstream(&self, provider: &str, elapsed: Duration) {
+        self.upstream_duration
+            .get_or_create(&ProviderLabels {
+                provider: provider.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn store(&self, backend: &'static str, operation: &'static str, elapsed: Duration) {
+        self.store_duration
+            .get_or_create(&StoreLabels { backend, operation })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn mark_retry(&self, provider: &str) {
+        self.mark_retries
+            .get_or_create(&ProviderLabels {
+                provider: provider.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The Prometheus text exposition (OpenMetrics flavour).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels_match_the_contract() {
+        let m = Metrics::new();
+        m.delivery("stripe", "forwarded", Duration::from_millis(3));
+        m.secret_match("stripe", 1);
+        m.mark_retry("stripe");
+        m.store("sqlite", "claim", Duration::from_micros(300));
+        m.upstream("stripe", Duration::from_millis(2));
+        let text = m.encode();
+        for line in [
+            "hookgate_deliveries_total{provider=\"stripe\",outcome=\"forwarded\"} 1",
+            "hookgate_secret_matches_total{provider=\"stripe\",secret=\"1\"} 1",
+            "hookgate_mark_retries_total{provider=\"stripe\"} 1",
+            "hookgate_request_duration_seconds_count{provider=\"stripe\",outcome=\"forwarded\"} 1",
+            "hookgate_upstream_duration_seconds_count{provider=\"stripe\"} 1",
+            "hookgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"claim\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Token buckets (governor's GCRA) per provider and per source address.
+
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use http::{HeaderMap, HeaderName};
+
+/// A bucket's size: `per_second` tokens refill it, `burst` is its depth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub per_second: NonZeroU32,
+    pub burst: NonZeroU32,
+}
+
+impl Rate {
+    fn quota(self) -> Quota {
+        Quota::per_second(self.per_second).allow_burst(self.burst)
+    }
+}
+
+/// One provider's bucket.
+pub struct ProviderLimit(DefaultDirectRateLimiter);
+
+impl ProviderLimit {
+    pub fn new(rate: Rate) -> Self {
+        Self(RateLimiter::direct(rate.quota()))
+    }
+
+    /// `Err(wait)` when the bucket is empty.
+    pub fn check(&self) -> Result<(), Duration> {
+        self.0
+            .check()
+            .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
+    }
+}
+
+/// One bucket per source address.
+pub struct SourceLimit(DefaultKeyedRateLimiter<IpAddr>);
+
+impl SourceLimit {
+    pub fn new(rate: Rate) -> Self {
+        Self(RateLimiter::keyed(rate.quota()))
+    }
+
+    pub fn check(&self, source: IpAddr) -> Result<(), Duration> {
+        self.0
+            .check_key(&source)
+            .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
+    }
+
+    /// Forgets buckets that are full again, so that the map of sources does
+    /// not grow without bound under a spray of addresses.
+    pub fn prune(&self) {
+        self.0.retain_recent();
+        self.0.shrink_to_fit();
+    }
+}
+
+/// The source of a request: the peer, or, behind a trusted ingress, the
+/// last address in `client_ip_header` (the one the ingress itself saw; the
+/// earlier entries are whatever the client claimed).
+pub fn source_ip(peer: IpAddr, headers: &HeaderMap, header: Option<&HeaderName>) -> IpAddr {
+    header
+        .and_then(|h| headers.get(h))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').find_map(|part| part.trim().parse().ok()))
+        .unwrap_or(peer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(per_second: u32, burst: u32) -> Rate {
+        Rate {
+            per_second: NonZeroU32::new(per_second).unwrap(),
+            burst: NonZeroU32::new(burst).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_burst_passes_then_the_bucket_refuses_with_a_wait() {
+        let limit = ProviderLimit::new(rate(1, 3));
+        for _ in 0..3 {
+            assert!(limit.check().is_ok());
+        }
+        let wait = limit.check().unwrap_err();
+        assert!(wait > Duration::ZERO && wait <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn sources_have_their_own_buckets() {
+        let limit = SourceLimit::new(rate(1, 1));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        assert!(limit.check(a).is_ok());
+        assert!(limit.check(a).is_err());
+        assert!(limit.check(b).is_ok());
+    }
+
+    #[test]
+    fn the_trusted_header_names_the_source() {
+        let peer: IpAddr = "127.0.0.1".parse().unwrap();
+        let name = HeaderName::from_static("x-forwarded-for");
+        let mut h = HeaderMap::new();
+        assert_eq!(source_ip(peer, &h, Some(&name)), peer);
+        h.insert(&name, "1.1.1.1, 203.0.113.7".parse().unwrap());
+        assert_eq!(
+            source_ip(peer, &h, Some(&name)),
+            "203.0.113.7".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(source_ip(peer, &h, None), peer);
+    }
+}
