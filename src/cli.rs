@@ -48,6 +48,8 @@ pub enum Command {
         #[arg(long)]
         id: Option<String>,
     },
+    /// Show the gate at work: no config file or services needed.
+    Demo,
     /// Inspect or forget a key in the configured store.
     Keys {
         #[command(subcommand)]

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod gate;
 pub mod key;

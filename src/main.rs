@@ -7,33 +7,42 @@ use hookgate::cli::{self, Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Some(Command::Demo)) {
+        return block_on(async {
+            match hookgate::demo::run().await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("demo failed: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        });
+    }
     let settings = match cli.settings() {
         Ok(s) => s,
         Err(code) => return code,
     };
     match &cli.command {
-        Some(Command::Check) => return cli::check(&settings),
+        Some(Command::Check) => cli::check(&settings),
         Some(Command::Sign { provider, body, id }) => {
-            return cli::sign(&settings, provider, body.as_deref(), id.as_deref());
+            cli::sign(&settings, provider, body.as_deref(), id.as_deref())
         }
-        _ => {}
+        Some(Command::Keys { action }) => block_on(cli::keys(&settings, action)),
+        Some(Command::Run | Command::Demo) | None => block_on(serve(settings)),
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+}
+
+fn block_on(work: impl Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(runtime) => runtime.block_on(work),
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
-    };
-    runtime.block_on(async {
-        match &cli.command {
-            Some(Command::Keys { action }) => cli::keys(&settings, action).await,
-            _ => serve(settings).await,
-        }
-    })
+    }
 }
 
 async fn serve(settings: hookgate::settings::Settings) -> ExitCode {
@@ -54,22 +63,16 @@ async fn serve(settings: hookgate::settings::Settings) -> ExitCode {
 
 /// Resolves on SIGTERM (Kubernetes) or SIGINT (a terminal).
 async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

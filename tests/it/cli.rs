@@ -90,14 +90,14 @@ fn check_redacts_secrets_and_fails_on_missing_ones() {
 }
 
 /// A `hookgate run` child whose stdout is collected line by line.
-struct Child {
+pub struct Child {
     process: std::process::Child,
     lines: mpsc::Receiver<String>,
     seen: Vec<String>,
 }
 
 impl Child {
-    fn spawn(config_path: &std::path::Path) -> (Self, std::net::SocketAddr) {
+    pub fn spawn(config_path: &std::path::Path) -> (Self, std::net::SocketAddr) {
         let mut process = hookgate()
             .arg("run")
             .arg("--config")
@@ -144,7 +144,7 @@ impl Child {
     }
 
     /// SIGTERM, then everything it printed until it exited.
-    fn stop(mut self) -> (Option<i32>, Vec<String>) {
+    pub fn stop(mut self) -> (Option<i32>, Vec<String>) {
         Command::new("kill")
             .arg("-TERM")
             .arg(self.process.id().to_string())

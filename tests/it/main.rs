@@ -4,6 +4,7 @@
 mod cli;
 mod dedupe;
 mod forwarding;
+mod operate;
 mod store_conformance;
 mod store_faults;
 mod support;

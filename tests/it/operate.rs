@@ -1,0 +1,404 @@
+//! Operating the gate: metrics, readiness, rate limits, abuse limits,
+//! graceful shutdown, `demo` and `keys`.
+
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hookgate::provider::Scheme;
+use http::Method;
+
+use crate::support::gate::{
+    self, GateConfig, SECRET, post, provider, secret_file, signed, stripe_event,
+};
+use crate::support::redis_server::RedisServer;
+use crate::support::upstream::{Behavior, Upstream};
+
+fn hookgate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hookgate"))
+}
+
+/// The value of one sample line in a Prometheus text exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+async fn admin(addr: std::net::SocketAddr, path: &str) -> gate::Answer {
+    gate::send(addr, Method::GET, path, &[], "").await
+}
+
+#[tokio::test]
+async fn metrics_count_known_traffic() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    let old = secret_file(dir.path(), "old", "old-secret");
+    let new = secret_file(dir.path(), "new", SECRET);
+    config.providers = provider("stripe", "stripe", &[new, old], "");
+    let gate = gate::start(&config).await;
+    let send = |id: &str, secret: &str| {
+        let body = stripe_event(id);
+        let headers = signed(&Scheme::Stripe, secret, &body, "", None);
+        let addr = gate.addr;
+        async move { post(addr, "/webhooks/stripe", &headers, &body).await }
+    };
+    send("evt_m1", SECRET).await;
+    send("evt_m1", SECRET).await;
+    send("evt_m2", "old-secret").await;
+    send("evt_m3", "nobody's").await;
+
+    let m = admin(gate.admin_addr, "/metrics").await;
+    assert_eq!(m.status, 200);
+    let text = String::from_utf8_lossy(&m.body);
+    let count =
+        |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    assert_eq!(
+        count("hookgate_deliveries_total{provider=\"stripe\",outcome=\"forwarded\"}"),
+        2.0
+    );
+    assert_eq!(
+        count("hookgate_deliveries_total{provider=\"stripe\",outcome=\"duplicate\"}"),
+        1.0
+    );
+    assert_eq!(
+        count("hookgate_deliveries_total{provider=\"stripe\",outcome=\"invalid_signature\"}"),
+        1.0
+    );
+    assert_eq!(
+        count("hookgate_secret_matches_total{provider=\"stripe\",secret=\"0\"}"),
+        2.0
+    );
+    assert_eq!(
+        count("hookgate_secret_matches_total{provider=\"stripe\",secret=\"1\"}"),
+        1.0
+    );
+    assert_eq!(
+        count("hookgate_upstream_duration_seconds_count{provider=\"stripe\"}"),
+        2.0
+    );
+    assert_eq!(
+        count(
+            "hookgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"claim\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        count(
+            "hookgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"complete\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        count("hookgate_request_duration_seconds_count{provider=\"stripe\",outcome=\"forwarded\"}"),
+        2.0
+    );
+    assert!(!text.contains(SECRET) && !text.contains("old-secret"));
+    assert_eq!(admin(gate.admin_addr, "/healthz").await.status, 200);
+    gate.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_store() {
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    config.store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\nlease = \"5s\"\ntimeout = \"500ms\"\n",
+        redis.url()
+    );
+    config.providers = provider(
+        "stripe",
+        "stripe",
+        &[secret_file(dir.path(), "s", SECRET)],
+        "",
+    );
+    let gate = gate::start(&config).await;
+    assert_eq!(admin(gate.admin_addr, "/readyz").await.status, 200);
+    redis.kill();
+    assert_eq!(admin(gate.admin_addr, "/readyz").await.status, 503);
+    assert_eq!(
+        admin(gate.admin_addr, "/healthz").await.status,
+        200,
+        "alive while not ready"
+    );
+    redis.restart();
+    let mut status = 0;
+    for _ in 0..50 {
+        status = admin(gate.admin_addr, "/readyz").await.status.as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(status, 200);
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_burst_gets_429_while_another_provider_is_unaffected() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    let s = secret_file(dir.path(), "s", SECRET);
+    config.providers = provider(
+        "limited",
+        "stripe",
+        std::slice::from_ref(&s),
+        "rate_limit = { per_second = 1, burst = 3 }",
+    ) + &provider("free", "stripe", &[s], "");
+    let gate = gate::start(&config).await;
+    let mut limited = Vec::new();
+    for n in 0..6 {
+        let body = stripe_event(&format!("evt_burst_{n}"));
+        let h = signed(&Scheme::Stripe, SECRET, &body, "", None);
+        limited.push(post(gate.addr, "/webhooks/limited", &h, &body).await);
+        let free = post(gate.addr, "/webhooks/free", &h, &body).await;
+        assert_eq!(
+            free.result(),
+            "forwarded",
+            "the other provider is unaffected"
+        );
+    }
+    let refused: Vec<_> = limited.iter().filter(|a| a.status == 429).collect();
+    assert!(
+        refused.len() >= 2,
+        "statuses: {:?}",
+        limited.iter().map(|a| a.status).collect::<Vec<_>>()
+    );
+    assert_eq!(refused[0].json()["error"], "rate_limited");
+    assert!(refused[0].headers.contains_key("retry-after"));
+    assert_eq!(limited[0].result(), "forwarded");
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn sources_are_limited_each_on_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    config.extra = "client_ip_header = \"X-Forwarded-For\"\nper_source_rate_limit = { per_second = 1, burst = 1 }\n".into();
+    config.providers = provider(
+        "stripe",
+        "stripe",
+        &[secret_file(dir.path(), "s", SECRET)],
+        "",
+    );
+    let gate = gate::start(&config).await;
+    let send = |n: usize, source: &str| {
+        let body = stripe_event(&format!("evt_src_{n}"));
+        let mut h = signed(&Scheme::Stripe, SECRET, &body, "", None);
+        h.push(("x-forwarded-for".into(), source.into()));
+        let addr = gate.addr;
+        async move { post(addr, "/webhooks/stripe", &h, &body).await.status }
+    };
+    assert_eq!(send(1, "198.51.100.1").await, 200);
+    assert_eq!(send(2, "198.51.100.1").await, 429);
+    assert_eq!(send(3, "198.51.100.2").await, 200);
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slowloris_client_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    config.extra = "read_timeout = \"1s\"\n".into();
+    config.providers = provider(
+        "stripe",
+        "stripe",
+        &[secret_file(dir.path(), "s", SECRET)],
+        "",
+    );
+    let gate = gate::start(&config).await;
+    let addr = gate.addr;
+    let outcome = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(15)))
+            .unwrap();
+        stream
+            .write_all(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        let started = Instant::now();
+        // Trickle one header byte a second; the gate must not wait forever.
+        let mut closed = false;
+        for _ in 0..12 {
+            std::thread::sleep(Duration::from_millis(500));
+            if stream.write_all(b"X").is_err() {
+                closed = true;
+                break;
+            }
+            let mut buf = [0u8; 512];
+            stream.set_nonblocking(true).unwrap();
+            match stream.read(&mut buf) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(_) => {
+                    closed = true; // an error answer (408) then close
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+            stream.set_nonblocking(false).unwrap();
+        }
+        (closed, started.elapsed())
+    })
+    .await
+    .unwrap();
+    assert!(
+        outcome.0,
+        "the connection was still open after {:?}",
+        outcome.1
+    );
+    assert_eq!(up.count(), 0);
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn keys_forget_lets_the_redelivery_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    config.providers = provider(
+        "stripe",
+        "stripe",
+        &[secret_file(dir.path(), "s", SECRET)],
+        "",
+    );
+    let path = dir.path().join("gate.toml");
+    std::fs::write(&path, config.toml()).unwrap();
+    let gate = gate::start(&config).await;
+    let body = stripe_event("evt_Forget");
+    let h = signed(&Scheme::Stripe, SECRET, &body, "", None);
+    assert_eq!(
+        post(gate.addr, "/webhooks/stripe", &h, &body)
+            .await
+            .result(),
+        "forwarded"
+    );
+    assert_eq!(
+        post(gate.addr, "/webhooks/stripe", &h, &body)
+            .await
+            .result(),
+        "duplicate"
+    );
+
+    let get = hookgate()
+        .args([
+            "keys",
+            "get",
+            "--provider",
+            "stripe",
+            "evt_Forget",
+            "--config",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&get.stdout);
+    assert!(
+        get.status.success() && shown.contains("completed (status 200"),
+        "{shown}"
+    );
+    let forget = hookgate()
+        .args([
+            "keys",
+            "forget",
+            "--provider",
+            "stripe",
+            "evt_forget",
+            "--config",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        forget.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forget.stderr)
+    );
+    assert!(String::from_utf8_lossy(&forget.stdout).contains("forgotten"));
+
+    assert_eq!(
+        post(gate.addr, "/webhooks/stripe", &h, &body)
+            .await
+            .result(),
+        "forwarded"
+    );
+    assert_eq!(up.count(), 2);
+    gate.shutdown().await;
+}
+
+#[test]
+fn demo_runs_on_a_bare_machine_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = hookgate()
+        .arg("demo")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("forwarded")
+            && stdout.contains("duplicate")
+            && stdout.contains("invalid_signature"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("The app received 1 delivery"), "{stdout}");
+}
+
+#[tokio::test]
+async fn sigterm_during_a_slow_call_lets_it_finish_and_be_marked() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    up.set(Behavior::Stall(Duration::from_millis(1500)));
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    config.providers = provider(
+        "stripe",
+        "stripe",
+        &[secret_file(dir.path(), "s", SECRET)],
+        "",
+    );
+    let path = dir.path().join("gate.toml");
+    std::fs::write(&path, config.toml()).unwrap();
+    let (child, addr) = crate::cli::Child::spawn(&path);
+
+    let body = stripe_event("evt_sigterm");
+    let h = signed(&Scheme::Stripe, SECRET, &body, "", None);
+    let delivery = tokio::spawn({
+        let (h, body) = (h.clone(), body.clone());
+        async move { post(addr, "/webhooks/stripe", &h, &body).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (code, _) = tokio::task::spawn_blocking(move || child.stop())
+        .await
+        .unwrap();
+    let answer = delivery.await.unwrap();
+    assert_eq!(answer.result(), "forwarded", "the in-flight call completed");
+    assert_eq!(code, Some(0));
+
+    // The mark landed: a gate on the same store sees a duplicate.
+    up.set(Behavior::Status(200));
+    let gate = gate::start(&config).await;
+    assert_eq!(
+        post(gate.addr, "/webhooks/stripe", &h, &body)
+            .await
+            .result(),
+        "duplicate"
+    );
+    assert_eq!(up.count(), 1);
+    gate.shutdown().await;
+}
