@@ -105,6 +105,10 @@ impl Default for StoreFile {
 pub enum SchemeKind {
     Stripe,
     Github,
+    Slack,
+    Twilio,
+    Sendgrid,
+    Shopify,
     Standard,
     Hmac,
 }
@@ -175,6 +179,8 @@ pub struct ProviderFile {
     pub upstream_path: Option<String>,
     #[serde(default)]
     pub passthrough_methods: Vec<String>,
+    // The `twilio` scheme's parameter: the external URL of `path`.
+    pub public_url: Option<String>,
     // The `hmac` scheme's parameters.
     pub signature_header: Option<String>,
     pub signature_prefix: Option<String>,

@@ -111,11 +111,8 @@ fn read(figment: &Figment, issues: &mut Issues) -> Option<ConfigFile> {
             Some(dict) => {
                 for name in dict.keys() {
                     let path = format!("providers.{name}");
-                    match figment.extract_inner::<ProviderFile>(&path) {
-                        Ok(p) => {
-                            file.providers.insert(name.clone(), p);
-                        }
-                        Err(e) => push_figment(issues, &path, e),
+                    if let Some(p) = extract::<ProviderFile>(figment, &path, issues) {
+                        file.providers.insert(name.clone(), p);
                     }
                 }
             }
@@ -134,10 +131,29 @@ fn section<T: DeserializeOwned + Default>(
     if !top.contains_key(name) {
         return T::default();
     }
-    figment.extract_inner(name).unwrap_or_else(|e| {
-        push_figment(issues, name, e);
-        T::default()
-    })
+    extract(figment, name, issues).unwrap_or_default()
+}
+
+/// Deserializes the value at `path`, reporting a failure at the exact key
+/// inside it (serde alone only names the section).
+fn extract<T: DeserializeOwned>(figment: &Figment, path: &str, issues: &mut Issues) -> Option<T> {
+    let value = match figment.find_value(path) {
+        Ok(value) => value,
+        Err(e) => {
+            push_figment(issues, path, e);
+            return None;
+        }
+    };
+    serde_path_to_error::deserialize(&value)
+        .map_err(|e| {
+            let inner = e.path().to_string();
+            let at = match inner.as_str() {
+                "." | "" => path.to_owned(),
+                inner => format!("{path}.{inner}"),
+            };
+            push_figment(issues, &at, e.into_inner());
+        })
+        .ok()
 }
 
 /// Turns figment's errors into issues. Figment's messages name the key and
@@ -151,13 +167,7 @@ fn push_figment(issues: &mut Issues, prefix: &str, error: figment::Error) {
         match &e.kind {
             figment::error::Kind::UnknownField(field, _) => issues.push(at(field), "unknown key"),
             figment::error::Kind::MissingField(field) => issues.push(at(field), "required"),
-            kind => {
-                let key = match e.path.last() {
-                    Some(leaf) if !prefix.ends_with(leaf.as_str()) => at(leaf),
-                    _ => prefix.to_owned(),
-                };
-                issues.push(key, kind.to_string());
-            }
+            kind => issues.push(prefix, kind.to_string()),
         }
     }
 }

@@ -289,3 +289,43 @@ async fn sign_prints_headers_the_gate_accepts() {
     );
     gate.shutdown().await;
 }
+
+#[test]
+fn environment_variables_override_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = GateConfig::new("http://127.0.0.1:9", dir.path());
+    config.providers = provider(
+        "stripe",
+        "stripe",
+        &[secret_file(dir.path(), "s", SECRET)],
+        "",
+    );
+    let path = dir.path().join("gate.toml");
+    std::fs::write(&path, config.toml()).unwrap();
+    let run = |vars: &[(&str, &str)]| {
+        let out = hookgate()
+            .arg("check")
+            .arg("--config")
+            .arg(&path)
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, text) = run(&[("HOOKGATE_PROVIDERS__STRIPE__TOLERANCE", "7m")]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("tolerance: 7m"), "{text}");
+    let (code, text) = run(&[
+        ("HOOKGATE_UPSTREAM__TIMEOUT", "a while"),
+        ("HOOKGATE_STORE__BACKEND", "cassandra"),
+    ]);
+    assert_eq!(code, Some(64), "{text}");
+    assert!(
+        text.contains("upstream.timeout") && text.contains("store.backend"),
+        "{text}"
+    );
+}

@@ -251,3 +251,38 @@ async fn missing_keys_are_rejected_or_forwarded_as_configured() {
     assert_eq!(bad.json()["error"], "bad_payload");
     gate.shutdown().await;
 }
+
+#[tokio::test]
+async fn http2_deliveries_are_served_and_forwarded_over_http1() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    let gate = stripe_gate("", dir.path(), &up).await;
+    let body = stripe_event("evt_h2");
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let mut req = http::Request::post(format!("http://{}/webhooks/stripe", gate.addr));
+    for (k, v) in signed(&Scheme::Stripe, SECRET, &body, "", None) {
+        req = req.header(k, v);
+    }
+    let response = client
+        .request(req.body(Full::new(Bytes::from(body.clone()))).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.headers()["hookgate-result"], "forwarded");
+    let _ = response.into_body().collect().await.unwrap();
+    let got = up.received();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].body.as_ref(), body.as_slice());
+    assert!(
+        got[0].headers.contains_key("host"),
+        "the authority became Host"
+    );
+    gate.shutdown().await;
+}
