@@ -7,8 +7,12 @@
 mod crypto;
 mod github;
 mod hmac;
+mod sendgrid;
+mod shopify;
+mod slack;
 mod standard;
 mod stripe;
+mod twilio;
 
 use std::fmt;
 
@@ -17,6 +21,8 @@ use http::{HeaderMap, Uri};
 use crate::secret::ActiveSecret;
 
 pub use self::hmac::{Algorithm, Encoding, HmacScheme, Template};
+pub use self::sendgrid::sign_with_private_key as sendgrid_sign;
+pub use self::twilio::TwilioScheme;
 
 /// What a scheme sees of a delivery.
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +59,10 @@ pub enum VerifyError {
 pub enum Scheme {
     Stripe,
     Github,
+    Slack,
+    Twilio(TwilioScheme),
+    Sendgrid,
+    Shopify,
     Standard,
     Hmac(HmacScheme),
 }
@@ -65,6 +75,10 @@ impl Scheme {
         match self {
             Self::Stripe => "stripe",
             Self::Github => "github",
+            Self::Slack => "slack",
+            Self::Twilio(_) => "twilio",
+            Self::Sendgrid => "sendgrid",
+            Self::Shopify => "shopify",
             Self::Standard => "standard",
             Self::Hmac(_) => "hmac",
         }
@@ -75,6 +89,11 @@ impl Scheme {
         match self {
             Self::Stripe => Some("json:/id"),
             Self::Github => Some("header:X-GitHub-Delivery"),
+            Self::Slack => Some("json:/event_id"),
+            Self::Twilio(_) => Some("header:I-Twilio-Idempotency-Token"),
+            // A batch key: every event of the array is keyed on its own.
+            Self::Sendgrid => Some("json:/*/sg_event_id"),
+            Self::Shopify => Some("header:X-Shopify-Webhook-Id"),
             Self::Standard => Some("header:webhook-id"),
             Self::Hmac(_) => None,
         }
@@ -85,6 +104,14 @@ impl Scheme {
         const HOUR: u64 = 3600;
         match self {
             Self::Stripe | Self::Github => Some(std::time::Duration::from_secs(3 * 24 * HOUR)),
+            // Retries at once, +1 min and +5 min; an hour covers them.
+            Self::Slack => Some(std::time::Duration::from_secs(HOUR)),
+            // One retry by default and no documented window; an hour is a
+            // generous bound for it, so `check` still flags a retention
+            // shorter than that.
+            Self::Twilio(_) => Some(std::time::Duration::from_secs(HOUR)),
+            Self::Sendgrid => Some(std::time::Duration::from_secs(24 * HOUR)),
+            Self::Shopify => Some(std::time::Duration::from_secs(4 * HOUR)),
             Self::Standard => Some(std::time::Duration::from_secs(28 * HOUR)),
             Self::Hmac(_) => None,
         }
@@ -102,6 +129,10 @@ impl Scheme {
         match self {
             Self::Stripe => stripe::verify(delivery, secrets),
             Self::Github => github::verify(delivery, secrets),
+            Self::Slack => slack::verify(delivery, secrets),
+            Self::Twilio(params) => params.verify(delivery, secrets),
+            Self::Sendgrid => sendgrid::verify(delivery, secrets),
+            Self::Shopify => shopify::verify(delivery, secrets),
             Self::Standard => standard::verify(delivery, secrets),
             Self::Hmac(params) => params.verify(delivery, secrets),
         }
@@ -109,10 +140,19 @@ impl Scheme {
 
     /// The headers a sender would attach to `body`, for `hookgate sign` and
     /// tests. `id` goes where the scheme carries an event id in a header.
+    ///
+    /// SendGrid signs with a private key that only SendGrid holds, while the
+    /// configured secret is the public verification key: nothing can be
+    /// signed with it, so its list is empty. Sign with a key pair of one's
+    /// own through [`sendgrid_sign`] instead.
     pub fn sign(&self, secret: &[u8], body: &[u8], id: &str, timestamp: i64) -> SignedHeaders {
         match self {
             Self::Stripe => stripe::sign(secret, body, timestamp),
             Self::Github => github::sign(secret, body, id),
+            Self::Slack => slack::sign(secret, body, timestamp),
+            Self::Twilio(params) => params.sign(secret, body, id),
+            Self::Sendgrid => SignedHeaders::new(),
+            Self::Shopify => shopify::sign(secret, body, id),
             Self::Standard => standard::sign(secret, body, id, timestamp),
             Self::Hmac(params) => params.sign(secret, body, timestamp),
         }

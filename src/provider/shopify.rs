@@ -1,0 +1,186 @@
+//! The `shopify` scheme: `X-Shopify-Hmac-Sha256: <base64>`, HMAC-SHA256 over
+//! the raw body keyed by the app's client secret. Newer "Events" deliveries
+//! send the same headers without the `X-`. `X-Shopify-Triggered-At` is not
+//! signed, so there is no timestamp to check: the dedupe store is the guard.
+
+use super::crypto::{self, Tag};
+use super::{Algorithm, Delivery, SignedHeaders, Verified, VerifyError};
+use crate::secret::ActiveSecret;
+
+const HEADER: &str = "X-Shopify-Hmac-Sha256";
+/// The name on newer "Events" deliveries.
+const UNPREFIXED: &str = "Shopify-Hmac-Sha256";
+
+/// Verifies the body's signature against every active secret. A rotated
+/// secret takes up to an hour to reach Shopify, so old and new both verify.
+pub fn verify(delivery: &Delivery<'_>, secrets: &[ActiveSecret]) -> Result<Verified, VerifyError> {
+    let headers = delivery.headers;
+    // The classic name wins when both are present; errors name the header
+    // that was read.
+    let (name, value) = [HEADER, UNPREFIXED]
+        .into_iter()
+        .find_map(|name| headers.get(name).map(|value| (name, value)))
+        .ok_or(VerifyError::MissingHeader(HEADER))?;
+    let signature = value
+        .to_str()
+        .ok()
+        .and_then(crypto::decode_base64)
+        .ok_or(VerifyError::Malformed(name))?;
+    let secret_index = crypto::first_match(
+        Algorithm::Sha256,
+        secrets,
+        crypto::raw_key,
+        &[delivery.body],
+        &[signature],
+    )?;
+    Ok(Verified {
+        secret_index,
+        timestamp: None,
+    })
+}
+
+/// The signature, webhook id and topic headers Shopify would send for `body`.
+pub fn sign(secret: &[u8], body: &[u8], id: &str) -> SignedHeaders {
+    let tag = Tag::compute(Algorithm::Sha256, secret, &[body]);
+    vec![
+        (HEADER.to_owned(), tag.to_base64()),
+        ("X-Shopify-Webhook-Id".to_owned(), id.to_owned()),
+        ("X-Shopify-Topic".to_owned(), "orders/create".to_owned()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+
+    use super::*;
+    use crate::provider::crypto::tests::secrets;
+
+    /// Shopify/shopify-api-js webhook validation tests.
+    const SECRET: &[u8] = b"test_secret_key";
+    const BODY: &[u8] = br#"{"foo": "bar"}"#;
+    const OFFICIAL: &str = "B23tXN681gZ0qIWNRrgtzBE9XSDo5yaUu6wfmhu3a7g=";
+
+    fn check(
+        pairs: &[(&str, &[u8])],
+        body: &[u8],
+        keys: &[&[u8]],
+    ) -> Result<Verified, VerifyError> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        let uri = Uri::from_static("/webhooks/shopify");
+        let delivery = Delivery {
+            headers: &headers,
+            body,
+            uri: &uri,
+        };
+        verify(&delivery, &secrets(keys))
+    }
+
+    #[test]
+    fn official_vector_verifies_under_either_header_name() {
+        for name in [HEADER, UNPREFIXED] {
+            let got = check(&[(name, OFFICIAL.as_bytes())], BODY, &[SECRET]);
+            assert_eq!(
+                got,
+                Ok(Verified {
+                    secret_index: 0,
+                    timestamp: None
+                }),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn unpadded_base64_is_accepted() {
+        let got = check(
+            &[(HEADER, OFFICIAL.trim_end_matches('=').as_bytes())],
+            BODY,
+            &[SECRET],
+        );
+        assert!(got.is_ok());
+    }
+
+    #[test]
+    fn tampered_body_or_wrong_secret_fails() {
+        let pairs = [(HEADER, OFFICIAL.as_bytes())];
+        assert_eq!(
+            check(&pairs, br#"{"foo":"bar"}"#, &[SECRET]),
+            Err(VerifyError::NoMatch)
+        );
+        assert_eq!(
+            check(&pairs, BODY, &[b"other_secret"]),
+            Err(VerifyError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn second_secret_matching_reports_its_index() {
+        let got = check(
+            &[(HEADER, OFFICIAL.as_bytes())],
+            BODY,
+            &[b"old_secret", SECRET],
+        );
+        assert_eq!(got.map(|v| v.secret_index), Ok(1));
+    }
+
+    #[test]
+    fn the_classic_header_wins_when_both_are_present() {
+        let pairs: [(&str, &[u8]); 2] =
+            [(HEADER, b"not base64!"), (UNPREFIXED, OFFICIAL.as_bytes())];
+        assert_eq!(
+            check(&pairs, BODY, &[SECRET]),
+            Err(VerifyError::Malformed(HEADER))
+        );
+    }
+
+    #[test]
+    fn missing_and_malformed_headers() {
+        assert_eq!(
+            check(&[], BODY, &[SECRET]),
+            Err(VerifyError::MissingHeader("X-Shopify-Hmac-Sha256"))
+        );
+        for name in [HEADER, UNPREFIXED] {
+            for bad in [&b""[..], b"not base64!", b"sha256=AAAA", b"\xff"] {
+                let got = check(&[(name, bad)], BODY, &[SECRET]);
+                assert_eq!(got, Err(VerifyError::Malformed(name)), "{name} {bad:?}");
+            }
+        }
+        // Hex text is also valid base64: it decodes to other bytes and
+        // cannot match.
+        let hex = b"076ded5cdebcd606749d45819a82b5cc113d5d20e8e7269a53ac1f9a1bb76bb8";
+        assert_eq!(
+            check(&[(HEADER, hex)], BODY, &[SECRET]),
+            Err(VerifyError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn sign_reproduces_the_official_vector_and_round_trips() {
+        let headers = sign(SECRET, BODY, "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043");
+        assert_eq!(
+            headers,
+            vec![
+                (HEADER.to_owned(), OFFICIAL.to_owned()),
+                (
+                    "X-Shopify-Webhook-Id".to_owned(),
+                    "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043".to_owned()
+                ),
+                ("X-Shopify-Topic".to_owned(), "orders/create".to_owned()),
+            ]
+        );
+        let headers = sign(b"new", b"{\"id\":1}", "id-1");
+        let pairs = [(headers[0].0.as_str(), headers[0].1.as_bytes())];
+        assert!(check(&pairs, b"{\"id\":1}", &[b"new"]).is_ok());
+        assert_eq!(
+            check(&pairs, b"{\"id\":2}", &[b"new"]),
+            Err(VerifyError::NoMatch)
+        );
+    }
+}

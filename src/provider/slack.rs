@@ -1,0 +1,202 @@
+//! The `slack` scheme: `X-Slack-Signature: v0=<hex>` with
+//! `X-Slack-Request-Timestamp`, HMAC-SHA256 over `v0:{ts}:{body}` keyed by
+//! the app's signing secret.
+
+use super::crypto::{self, Tag};
+use super::{Algorithm, Delivery, SignedHeaders, Verified, VerifyError};
+use crate::secret::ActiveSecret;
+
+const SIGNATURE: &str = "X-Slack-Signature";
+const TIMESTAMP: &str = "X-Slack-Request-Timestamp";
+const PREFIX: &str = "v0=";
+
+/// Verifies against every active secret. The timestamp is returned
+/// unchecked: the window phase judges it.
+pub fn verify(delivery: &Delivery<'_>, secrets: &[ActiveSecret]) -> Result<Verified, VerifyError> {
+    let headers = delivery.headers;
+    let signature = headers
+        .get(SIGNATURE)
+        .ok_or(VerifyError::MissingHeader(SIGNATURE))?
+        .to_str()
+        .ok()
+        .and_then(|text| text.strip_prefix(PREFIX))
+        .and_then(crypto::decode_hex)
+        .ok_or(VerifyError::Malformed(SIGNATURE))?;
+    let ts = headers
+        .get(TIMESTAMP)
+        .ok_or(VerifyError::MissingHeader(TIMESTAMP))?
+        .to_str()
+        .map_err(|_| VerifyError::Malformed(TIMESTAMP))?;
+    let timestamp = crypto::parse_unix_seconds(ts).ok_or(VerifyError::Malformed(TIMESTAMP))?;
+    let parts: [&[u8]; 4] = [b"v0:", ts.as_bytes(), b":", delivery.body];
+    let secret_index = crypto::first_match(
+        Algorithm::Sha256,
+        secrets,
+        crypto::raw_key,
+        &parts,
+        &[signature],
+    )?;
+    Ok(Verified {
+        secret_index,
+        timestamp: Some(timestamp),
+    })
+}
+
+/// The signature and timestamp headers Slack would send for `body`.
+pub fn sign(secret: &[u8], body: &[u8], timestamp: i64) -> SignedHeaders {
+    let ts = timestamp.to_string();
+    let tag = Tag::compute(
+        Algorithm::Sha256,
+        secret,
+        &[b"v0:", ts.as_bytes(), b":", body],
+    );
+    vec![
+        (SIGNATURE.to_owned(), format!("{PREFIX}{}", tag.to_hex())),
+        (TIMESTAMP.to_owned(), ts),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+
+    use super::*;
+    use crate::provider::crypto::tests::secrets;
+
+    /// python-slack-sdk's `test_signature_verifier.py`.
+    const SECRET: &[u8] = b"8f742231b10e8888abcd99yyyzzz85a5";
+    const TS: &str = "1531420618";
+    const BODY: &str = "token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&\
+        team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&\
+        user_name=roadrunner&command=%2Fwebhook-collect&text=&\
+        response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&\
+        trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
+    const OFFICIAL: &str = "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503";
+
+    fn check(
+        pairs: &[(&str, &[u8])],
+        body: &[u8],
+        keys: &[&[u8]],
+    ) -> Result<Verified, VerifyError> {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        let uri = Uri::from_static("/webhooks/slack");
+        let delivery = Delivery {
+            headers: &headers,
+            body,
+            uri: &uri,
+        };
+        verify(&delivery, &secrets(keys))
+    }
+
+    fn official<'a>(signature: &'a [u8], ts: &'a [u8]) -> [(&'static str, &'a [u8]); 2] {
+        [(SIGNATURE, signature), (TIMESTAMP, ts)]
+    }
+
+    #[test]
+    fn official_vector_verifies() {
+        let got = check(
+            &official(OFFICIAL.as_bytes(), TS.as_bytes()),
+            BODY.as_bytes(),
+            &[SECRET],
+        );
+        assert_eq!(
+            got,
+            Ok(Verified {
+                secret_index: 0,
+                timestamp: Some(1531420618)
+            })
+        );
+    }
+
+    #[test]
+    fn tampered_body_timestamp_or_wrong_secret_fails() {
+        let pairs = official(OFFICIAL.as_bytes(), TS.as_bytes());
+        let mut body = BODY.as_bytes().to_vec();
+        body[0] ^= 1;
+        assert_eq!(check(&pairs, &body, &[SECRET]), Err(VerifyError::NoMatch));
+        assert_eq!(
+            check(&pairs, BODY.as_bytes(), &[b"another-secret"]),
+            Err(VerifyError::NoMatch)
+        );
+        let moved = official(OFFICIAL.as_bytes(), b"1531420619");
+        assert_eq!(
+            check(&moved, BODY.as_bytes(), &[SECRET]),
+            Err(VerifyError::NoMatch)
+        );
+    }
+
+    #[test]
+    fn second_secret_matching_reports_its_index() {
+        let pairs = official(OFFICIAL.as_bytes(), TS.as_bytes());
+        let got = check(&pairs, BODY.as_bytes(), &[b"rotated-out", SECRET]);
+        assert_eq!(got.map(|v| v.secret_index), Ok(1));
+    }
+
+    #[test]
+    fn missing_and_malformed_headers() {
+        let got = check(&[(TIMESTAMP, TS.as_bytes())], b"{}", &[SECRET]);
+        assert_eq!(got, Err(VerifyError::MissingHeader(SIGNATURE)));
+        let got = check(&[(SIGNATURE, OFFICIAL.as_bytes())], b"{}", &[SECRET]);
+        assert_eq!(got, Err(VerifyError::MissingHeader(TIMESTAMP)));
+
+        let bare_hex = &OFFICIAL.as_bytes()[3..];
+        for bad in [
+            &b""[..],
+            b"v0=",
+            b"v0=xyz",
+            b"v1=abcd",
+            bare_hex,
+            b"v0=\xff",
+        ] {
+            let got = check(&official(bad, TS.as_bytes()), BODY.as_bytes(), &[SECRET]);
+            assert_eq!(got, Err(VerifyError::Malformed(SIGNATURE)), "{bad:?}");
+        }
+        for bad in [&b""[..], b"soon", b"-1", b"1531420618.5", b"\xff"] {
+            let got = check(
+                &official(OFFICIAL.as_bytes(), bad),
+                BODY.as_bytes(),
+                &[SECRET],
+            );
+            assert_eq!(got, Err(VerifyError::Malformed(TIMESTAMP)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sign_reproduces_the_official_vector_and_round_trips() {
+        let headers = sign(SECRET, BODY.as_bytes(), 1531420618);
+        assert_eq!(
+            headers,
+            vec![
+                (SIGNATURE.to_owned(), OFFICIAL.to_owned()),
+                (TIMESTAMP.to_owned(), TS.to_owned()),
+            ]
+        );
+
+        let body = br#"{"type":"event_callback","event_id":"Ev01"}"#;
+        let headers = sign(b"new", body, 1_700_000_000);
+        let pairs: Vec<(&str, &[u8])> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_bytes()))
+            .collect();
+        let got = check(&pairs, body, &[b"old", b"new"]);
+        assert_eq!(
+            got,
+            Ok(Verified {
+                secret_index: 1,
+                timestamp: Some(1_700_000_000)
+            })
+        );
+        let got = check(
+            &pairs,
+            br#"{"type":"event_callback","event_id":"Ev02"}"#,
+            &[b"new"],
+        );
+        assert_eq!(got, Err(VerifyError::NoMatch));
+    }
+}
