@@ -87,20 +87,20 @@ impl Gate {
         result
     }
 
-    /// Notes a claim held by a running delivery.
-    pub fn track(&self, key: &ScopedKey, token: &LeaseToken) {
-        self.inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(token.clone(), key.clone());
+    /// Notes the claims held by a running delivery.
+    pub fn track(&self, held: &[(ScopedKey, LeaseToken)]) {
+        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, token) in held {
+            inflight.insert(token.clone(), key.clone());
+        }
     }
 
-    /// Forgets a claim whose delivery has finished.
-    pub fn untrack(&self, token: &LeaseToken) {
-        self.inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(token);
+    /// Forgets the claims of a delivery that has finished.
+    pub fn untrack(&self, tokens: &[LeaseToken]) {
+        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        for token in tokens {
+            inflight.remove(token);
+        }
     }
 
     /// Releases every claim still held, so the senders' retries get through

@@ -37,6 +37,18 @@ pub enum KeySource {
     },
     /// SHA-256 of the raw body: an explicit last resort.
     BodySha256,
+    /// `json:/*/<pointer>`: the body is a JSON array and each element is
+    /// keyed on its own (SendGrid's `sg_event_id`).
+    Batch(String),
+}
+
+/// One element of a batch body: where it sits in the body, its key and its
+/// own fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchItem {
+    pub range: std::ops::Range<usize>,
+    pub key: String,
+    pub fingerprint: String,
 }
 
 impl KeyPart {
@@ -47,7 +59,7 @@ impl KeyPart {
             Ok(Self::Header(vec![name]))
         } else if let Some(pointer) = spec.strip_prefix("json:") {
             if pointer.starts_with("/*/") {
-                return Err(format!("`{spec}`: batch keys are not supported yet"));
+                return Err(format!("`{spec}`: a batch key cannot be part of a list"));
             }
             if !pointer.is_empty() && !pointer.starts_with('/') {
                 return Err(format!("`{spec}`: a JSON pointer starts with `/`"));
@@ -72,6 +84,9 @@ impl KeySource {
         match specs {
             [] => Err("a key needs at least one source".into()),
             [one] if one == "body_sha256" => Ok(Self::BodySha256),
+            [one] if one.starts_with("json:/*/") => {
+                Ok(Self::Batch(one["json:/*".len()..].to_owned()))
+            }
             _ => Ok(Self::Parts {
                 parts: specs
                     .iter()
@@ -101,8 +116,10 @@ impl KeySource {
     }
 
     /// Extracts and normalizes the key. `Ok(None)`: some part is absent.
+    /// A batch source has no single key: see [`Payload::batch`].
     pub fn extract(&self, payload: &Payload<'_>) -> Result<Option<String>, KeyError> {
         let key = match self {
+            Self::Batch(_) => return Ok(None),
             Self::BodySha256 => hex::encode(Sha256::digest(payload.raw)),
             Self::Parts { parts, scope } => {
                 let mut values = Vec::with_capacity(parts.len() + 1);
@@ -225,6 +242,46 @@ impl<'a> Payload<'a> {
                     .to_ascii_lowercase()
                     .starts_with("application/x-www-form-urlencoded")
             })
+    }
+
+    /// Splits a JSON array body into its elements, each with its key (at
+    /// `pointer`) and fingerprint. `Ok(None)`: an element has no key, or
+    /// the array is empty.
+    pub fn batch(
+        &self,
+        pointer: &str,
+        mode: FingerprintMode,
+        volatile: &[String],
+    ) -> Result<Option<Vec<BatchItem>>, KeyError> {
+        let elements: Vec<&serde_json::value::RawValue> =
+            serde_json::from_slice(self.raw).map_err(|_| KeyError::NotJson)?;
+        if elements.is_empty() {
+            return Ok(None);
+        }
+        let base = self.raw.as_ptr() as usize;
+        let mut items = Vec::with_capacity(elements.len());
+        for element in elements {
+            let text = element.get();
+            // RawValue borrows from the body, so its offset locates the
+            // element's exact bytes for re-assembling a partial batch.
+            let start = text.as_ptr() as usize - base;
+            let range = start..start + text.len();
+            let value: Value = serde_json::from_str(text).map_err(|_| KeyError::NotJson)?;
+            let key = match value.pointer(pointer) {
+                Some(Value::String(s)) => normalize(s)?,
+                Some(v @ (Value::Number(_) | Value::Bool(_))) => normalize(&v.to_string())?,
+                _ => None,
+            };
+            let Some(key) = key else { return Ok(None) };
+            let element_payload = Payload::new(text.as_bytes(), self.headers);
+            let fingerprint = element_payload.fingerprint(mode, volatile);
+            items.push(BatchItem {
+                range,
+                key,
+                fingerprint,
+            });
+        }
+        Ok(Some(items))
     }
 
     /// SHA-256 (hex) of the canonical payload; empty when disabled.
@@ -400,6 +457,36 @@ mod tests {
             Err(KeyError::Invalid(_))
         ));
         assert!(KeySource::parse(&["query:id".into()]).is_err());
+    }
+
+    #[test]
+    fn batches_split_into_keyed_elements_with_their_exact_bytes() {
+        let h = HeaderMap::new();
+        let body = br#"[{"sg_event_id":"A","n":1}, {"n":2,"sg_event_id":"b"}]"#;
+        let src = KeySource::parse(&["json:/*/sg_event_id".into()]).unwrap();
+        assert_eq!(src, KeySource::Batch("/sg_event_id".into()));
+        let items = Payload::new(body, &h)
+            .batch("/sg_event_id", FingerprintMode::Canonical, &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[0].key, "a");
+        assert_eq!(
+            &body[items[1].range.clone()],
+            br#"{"n":2,"sg_event_id":"b"}"#
+        );
+        assert_ne!(items[0].fingerprint, items[1].fingerprint);
+        let missing = br#"[{"sg_event_id":"a"},{"x":1}]"#;
+        let p = Payload::new(missing, &h);
+        assert_eq!(
+            p.batch("/sg_event_id", FingerprintMode::Canonical, &[]),
+            Ok(None)
+        );
+        let p = Payload::new(b"{\"not\":\"an array\"}", &h);
+        assert_eq!(
+            p.batch("/id", FingerprintMode::Raw, &[]),
+            Err(KeyError::NotJson)
+        );
     }
 
     #[test]

@@ -172,13 +172,10 @@ fn providers(
             _ => OnMissingKey::Reject,
         });
         if key.is_none() && on_missing_key == OnMissingKey::Reject {
-            // TODO(batch): drop the sendgrid case once its default key works.
-            let why = if matches!(scheme, Scheme::Sendgrid) {
-                "required for now: sendgrid's default `json:/*/sg_event_id` needs batch keys, which are not supported yet (set `key`, or on_missing_key = \"forward\")"
-            } else {
-                "required: this scheme has no default key (set `key`, or on_missing_key = \"forward\")"
-            };
-            i.push(at("key"), why);
+            i.push(
+                at("key"),
+                "required: this scheme has no default key (set `key`, or on_missing_key = \"forward\")",
+            );
         }
         let reject_status = p.reject_status.unwrap_or(400);
         let reject_status = match StatusCode::from_u16(reject_status) {
@@ -323,11 +320,6 @@ fn key_source(i: &mut Issues, at: &str, p: &ProviderFile, scheme: &Scheme) -> Op
         Some(KeyFile::One(one)) => vec![one.clone()],
         Some(KeyFile::Parts(parts)) => parts.clone(),
         None => {
-            // TODO(batch): sendgrid's default `json:/*/sg_event_id` is a batch
-            // key, which `KeySource::parse` refuses until batch keys land.
-            if matches!(scheme, Scheme::Sendgrid) {
-                return None;
-            }
             let default = scheme.default_key()?;
             let source = KeySource::parse(&[default.to_owned()]).expect("default keys parse");
             return Some(match scheme {

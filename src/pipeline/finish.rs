@@ -24,29 +24,38 @@ use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
 const MARK_RETRIES: u32 = 5;
 const MARK_BACKOFF: Duration = Duration::from_millis(200);
 
-/// Finishes a delivery that holds a claim.
+/// A claim this delivery holds: the key and the token that owns it.
+pub type Held = (ScopedKey, LeaseToken);
+
+/// Finishes a delivery that holds claims (one, or one per batch element).
 pub async fn claimed(
     cx: &mut Context,
-    key: ScopedKey,
-    token: LeaseToken,
+    held: Vec<Held>,
     answer: Result<Buffered, UpstreamError>,
 ) -> Result<Response<ProxyBody>, GateError> {
     let gate = Arc::clone(&cx.gate);
     let answer = match answer {
         Ok(answer) if answer.parts.status.is_success() => {
-            mark(&gate, cx.provider, key, token, &answer).await;
+            let snapshot = snapshot(&answer, gate.settings.dedupe.max_response_bytes);
+            for (key, token) in held {
+                mark(&gate, cx.provider, key, token, &snapshot).await;
+            }
             return Ok(relay(answer, "forwarded"));
         }
         other => other,
     };
-    if let Err(e) = gate
-        .timed("release", gate.store.release(&key, &token))
-        .await
-    {
-        // The lease expires on its own; the sender's retry waits for it.
-        tracing::warn!(key = %key, error = %e, "release failed; the lease will expire");
-    }
+    release(&gate, &held).await;
     unclaimed(cx, answer)
+}
+
+/// Releases claims so that the sender's retry gets through at once.
+pub async fn release(gate: &Gate, held: &[Held]) {
+    for (key, token) in held {
+        if let Err(e) = gate.timed("release", gate.store.release(key, token)).await {
+            // The lease expires on its own; the sender's retry waits for it.
+            tracing::warn!(key = %key, error = %e, "release failed; the lease will expire");
+        }
+    }
 }
 
 /// Marks the key completed; a failed mark is retried in the background.
@@ -55,11 +64,10 @@ async fn mark(
     provider: usize,
     key: ScopedKey,
     token: LeaseToken,
-    answer: &Buffered,
+    snapshot: &Snapshot,
 ) {
     let retention = gate.providers[provider].settings.retention;
-    let snapshot = snapshot(answer, gate.settings.dedupe.max_response_bytes);
-    let marked = gate.store.complete(&key, &token, &snapshot, retention);
+    let marked = gate.store.complete(&key, &token, snapshot, retention);
     match gate.timed("complete", marked).await {
         Ok(true) => {}
         Ok(false) => {
@@ -68,6 +76,7 @@ async fn mark(
         Err(e) => {
             tracing::warn!(key = %key, error = %e, "mark failed; retrying in the background");
             let provider = gate.providers[provider].settings.name.clone();
+            let snapshot = snapshot.clone();
             spawn_mark_retry(Arc::clone(gate), provider, key, token, snapshot, retention);
         }
     }

@@ -1,6 +1,7 @@
 //! Phase 7, forward: the delivery to the application, byte for byte, with
 //! the original headers minus hop-by-hop ones and the gate's own headers.
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Version};
 
@@ -11,11 +12,37 @@ use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
 
 pub const EVENT_KEY: HeaderName = HeaderName::from_static("hookgate-event-key");
 pub const PROVIDER: HeaderName = HeaderName::from_static("hookgate-provider");
+const VERIFIED: HeaderName = HeaderName::from_static("hookgate-verified");
+const BATCH: HeaderName = HeaderName::from_static("hookgate-batch");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
+/// A partial batch: the body is not the signed one, so the signature
+/// headers go and the app is told who verified it and what was left out.
+pub struct PartialBatch {
+    pub body: Bytes,
+    pub forwarded: usize,
+    pub duplicates: usize,
+}
+
 /// Sends the delivery and reads the app's answer, within `upstream.timeout`.
 pub async fn send(cx: &mut Context, key: Option<&ScopedKey>) -> Result<Buffered, UpstreamError> {
+    send_with(cx, key, None).await
+}
+
+/// Sends the fresh elements of a batch in place of the signed body.
+pub async fn send_partial(
+    cx: &mut Context,
+    batch: PartialBatch,
+) -> Result<Buffered, UpstreamError> {
+    send_with(cx, None, Some(batch)).await
+}
+
+async fn send_with(
+    cx: &mut Context,
+    key: Option<&ScopedKey>,
+    batch: Option<PartialBatch>,
+) -> Result<Buffered, UpstreamError> {
     let provider = &cx.gate.providers[cx.provider].settings;
     let path_and_query = match (&provider.upstream_path, cx.head.uri.query()) {
         (Some(path), Some(q)) => format!("{path}?{q}"),
@@ -36,10 +63,31 @@ pub async fn send(cx: &mut Context, key: Option<&ScopedKey>) -> Result<Buffered,
             headers.insert(EVENT_KEY, v);
         }
     }
-    if let Ok(v) = HeaderValue::try_from(provider.name.as_str()) {
-        headers.insert(PROVIDER, v);
+    let name = HeaderValue::try_from(provider.name.as_str()).ok();
+    if let Some(v) = &name {
+        headers.insert(PROVIDER, v.clone());
     }
-    let mut req = Request::new(body::full(cx.body.clone()));
+    let body = match batch {
+        None => cx.body.clone(),
+        Some(batch) => {
+            for signature in provider.scheme.signature_headers() {
+                headers.remove(signature);
+            }
+            headers.remove(header::CONTENT_LENGTH);
+            if let Some(v) = name {
+                headers.insert(VERIFIED, v);
+            }
+            let counts = format!(
+                "forwarded={};duplicates={}",
+                batch.forwarded, batch.duplicates
+            );
+            if let Ok(v) = HeaderValue::try_from(counts) {
+                headers.insert(BATCH, v);
+            }
+            batch.body
+        }
+    };
+    let mut req = Request::new(body::full(body));
     *req.method_mut() = cx.head.method.clone();
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;

@@ -2,6 +2,7 @@
 //! forward -> finish. Each phase is a small function in its own file; this
 //! file routes requests and runs the phases in order.
 
+mod batch;
 mod claim;
 mod finish;
 mod forward;
@@ -20,6 +21,7 @@ use hyper::body::Incoming;
 use crate::body::ProxyBody;
 use crate::error::GateError;
 use crate::gate::{Gate, Provider};
+use crate::key::KeySource;
 use crate::telemetry::DeliveryRecord;
 
 /// What a phase hands on: the request head, its raw body and who sent it.
@@ -110,6 +112,10 @@ async fn phases(cx: &mut Context, incoming: Incoming) -> Result<Response<ProxyBo
     cx.body = read::body(cx, incoming).await?;
     let verified = verify::signature(cx)?;
     verify::window(cx, verified.timestamp)?;
+    if let Some(KeySource::Batch(pointer)) = &cx.provider().settings.key {
+        let pointer = pointer.clone();
+        return batch::run(cx, &pointer).await;
+    }
     let Some(identity) = claim::identify(cx)? else {
         // No key and on_missing_key = "forward": no dedupe for this one.
         let answer = forward::send(cx, None).await;
@@ -117,11 +123,13 @@ async fn phases(cx: &mut Context, incoming: Incoming) -> Result<Response<ProxyBo
     };
     match claim::claim(cx, &identity).await? {
         claim::Decision::Fresh(token) => {
-            cx.gate.track(&identity.key, &token);
-            let answer = forward::send(cx, Some(&identity.key)).await;
+            let held = vec![(identity.key, token)];
+            cx.gate.track(&held);
+            let answer = forward::send(cx, Some(&held[0].0)).await;
             let gate = Arc::clone(&cx.gate);
-            let result = finish::claimed(cx, identity.key, token.clone(), answer).await;
-            gate.untrack(&token);
+            let tokens: Vec<_> = held.iter().map(|(_, t)| t.clone()).collect();
+            let result = finish::claimed(cx, held, answer).await;
+            gate.untrack(&tokens);
             result
         }
         claim::Decision::Replay(snapshot) => Ok(finish::replay(snapshot)),

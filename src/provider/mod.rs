@@ -16,7 +16,7 @@ mod twilio;
 
 use std::fmt;
 
-use http::{HeaderMap, Uri};
+use http::{HeaderMap, HeaderName, Uri};
 
 use crate::secret::ActiveSecret;
 
@@ -82,6 +82,35 @@ impl Scheme {
             Self::Standard => "standard",
             Self::Hmac(_) => "hmac",
         }
+    }
+
+    /// The headers that carry the signature (and the signed timestamp).
+    /// They are removed when the gate forwards a body other than the signed
+    /// one (a partial batch), since they no longer match it.
+    pub fn signature_headers(&self) -> Vec<HeaderName> {
+        let names: &[&'static str] = match self {
+            Self::Stripe => &["stripe-signature"],
+            Self::Github => &["x-hub-signature-256", "x-hub-signature"],
+            Self::Slack => &["x-slack-signature", "x-slack-request-timestamp"],
+            Self::Twilio(_) => &["x-twilio-signature"],
+            Self::Sendgrid => &[
+                "x-twilio-email-event-webhook-signature",
+                "x-twilio-email-event-webhook-timestamp",
+            ],
+            Self::Shopify => &["x-shopify-hmac-sha256", "shopify-hmac-sha256"],
+            Self::Standard => &[
+                "webhook-signature",
+                "webhook-timestamp",
+                "svix-signature",
+                "svix-timestamp",
+            ],
+            Self::Hmac(params) => {
+                let mut names = vec![params.header.clone()];
+                names.extend(params.timestamp_header.clone());
+                return names;
+            }
+        };
+        names.iter().map(|n| HeaderName::from_static(n)).collect()
     }
 
     /// The scheme's default idempotency key source (SPEC section 3).

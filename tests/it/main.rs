@@ -1,6 +1,7 @@
 //! One integration test binary: the real gate on port 0, a recording
 //! upstream on port 0, real redis-server processes.
 
+mod batch;
 mod cli;
 mod dedupe;
 mod forwarding;
