@@ -6,11 +6,13 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
+use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
 use crate::config::{self, ConfigErrors};
 use crate::key::KeySource;
-use crate::secret::SecretSet;
-use crate::settings::Settings;
+use crate::provider::{Delivery, Scheme, SignedHeaders, Verified, VerifyError};
+use crate::secret::{ActiveSecret, SecretSet, SecretValue};
+use crate::settings::{ProviderSettings, Settings};
 use crate::store::{Backend, Existing, ScopedKey, Store};
 
 /// Exit status for a configuration that does not validate (sysexits'
@@ -47,6 +49,11 @@ pub enum Command {
         /// The event id, where the scheme carries one in a header.
         #[arg(long)]
         id: Option<String>,
+        /// The P-256 private key (PKCS#8 or SEC1, PEM or DER) to sign with,
+        /// required by the sendgrid scheme: its configured secret is the
+        /// public verification key, which cannot sign.
+        #[arg(long, value_name = "FILE")]
+        private_key: Option<PathBuf>,
     },
     /// Show the gate at work: no config file or services needed.
     Demo,
@@ -165,6 +172,7 @@ fn describe_store(settings: &Settings) -> String {
             format!("memory (capacity {capacity})")
         }
         crate::store::BackendSettings::Sqlite { path } => format!("sqlite ({})", path.display()),
+        crate::store::BackendSettings::Postgres { .. } => "postgres (URL redacted)".to_owned(),
         crate::store::BackendSettings::Redis { prefix, .. } => {
             format!("redis (prefix {prefix}; URL redacted)")
         }
@@ -173,55 +181,84 @@ fn describe_store(settings: &Settings) -> String {
 
 /// `hookgate sign`: headers on stdout, one `Name: value` per line; with no
 /// `--body`, a blank line and the generated body follow.
+///
+/// The sendgrid scheme signs with `--private-key` (the configured secret is
+/// the public key); every other scheme with the provider's first active
+/// secret, and `--private-key` is ignored with a note.
 pub fn sign(
     settings: &Settings,
     provider: &str,
     body: Option<&Path>,
     id: Option<&str>,
+    private_key: Option<&Path>,
 ) -> ExitCode {
     let Some(p) = settings.providers.iter().find(|p| p.name == provider) else {
         eprintln!("no provider named {provider} in the configuration");
         return ExitCode::from(EXIT_BAD_CONFIG);
     };
+    let sendgrid = matches!(p.scheme, Scheme::Sendgrid);
+    match (sendgrid, private_key) {
+        (true, None) => {
+            eprintln!(
+                "provider {provider} uses the sendgrid scheme: its configured secret is the public verification key, so signing needs --private-key FILE (a P-256 key in PKCS#8 or SEC1 form, PEM or DER)"
+            );
+            return ExitCode::from(EXIT_BAD_CONFIG);
+        }
+        (false, Some(_)) => eprintln!(
+            "note: --private-key is ignored: provider {provider} uses the {} scheme, which signs with its configured secret",
+            p.scheme
+        ),
+        _ => {}
+    }
     let id = id.map_or_else(
         || format!("evt_{:016x}", rand::random::<u64>()),
         str::to_owned,
     );
-    let (bytes, generated) = match body {
-        Some(path) if path == Path::new("-") => {
-            let mut buf = Vec::new();
-            if let Err(e) = std::io::stdin().read_to_end(&mut buf) {
-                eprintln!("cannot read the body from stdin: {e}");
-                return ExitCode::FAILURE;
-            }
-            (buf, false)
-        }
-        Some(path) => match std::fs::read(path) {
-            Ok(b) => (b, false),
-            Err(e) => {
-                eprintln!("cannot read {}: {e}", path.display());
-                return ExitCode::FAILURE;
-            }
-        },
-        None => (
-            serde_json::json!({ "id": id, "type": "hookgate.test" })
-                .to_string()
-                .into_bytes(),
-            true,
-        ),
-    };
-    let (set, problems) = SecretSet::load(p.secrets.clone());
-    let Some(secret) = set.active(SystemTime::now()).into_iter().next() else {
-        for m in problems {
-            eprintln!("error: {m}");
-        }
-        eprintln!("provider {provider} has no usable secret to sign with");
-        return ExitCode::FAILURE;
-    };
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    for (name, value) in p.scheme.sign(secret.value.expose(), &bytes, &id, now) {
+    let (bytes, generated) = match body {
+        Some(path) => match read_body(path) {
+            Ok(b) => (b, false),
+            Err(code) => return code,
+        },
+        None => (generated_body(&p.scheme, &id, now), true),
+    };
+    let (set, problems) = SecretSet::load(p.secrets.clone());
+    let active = set.active(SystemTime::now());
+    let headers = match private_key.filter(|_| sendgrid) {
+        Some(key_path) => {
+            let Some(headers) = sign_sendgrid(key_path, &bytes, now) else {
+                return ExitCode::FAILURE;
+            };
+            match verify(p, &active, &headers, &bytes) {
+                Ok(_) => {}
+                Err(VerifyError::NoUsableSecret) => {
+                    for m in &problems {
+                        eprintln!("warning: {m}");
+                    }
+                    eprintln!(
+                        "warning: provider {provider} has no usable verification key (base64 DER P-256 public key): the gate would refuse these headers"
+                    );
+                }
+                Err(_) => eprintln!(
+                    "warning: the private key matches none of provider {provider}'s verification keys: the gate would refuse these headers"
+                ),
+            }
+            headers
+        }
+        None => {
+            let Some(secret) = active.first() else {
+                for m in problems {
+                    eprintln!("error: {m}");
+                }
+                eprintln!("provider {provider} has no usable secret to sign with");
+                return ExitCode::FAILURE;
+            };
+            p.scheme.sign(secret.value.expose(), &bytes, &id, now)
+        }
+    };
+    for (name, value) in headers {
         println!("{name}: {value}");
     }
     if generated {
@@ -229,6 +266,78 @@ pub fn sign(
         println!("{}", String::from_utf8_lossy(&bytes));
     }
     ExitCode::SUCCESS
+}
+
+/// The body to sign, from a file or (`-`) stdin.
+fn read_body(path: &Path) -> Result<Vec<u8>, ExitCode> {
+    let (read, from) = if path == Path::new("-") {
+        let mut buf = Vec::new();
+        let read = std::io::stdin().read_to_end(&mut buf).map(|_| buf);
+        (read, "stdin".to_owned())
+    } else {
+        (std::fs::read(path), path.display().to_string())
+    };
+    read.map_err(|e| {
+        eprintln!("cannot read the body from {from}: {e}");
+        ExitCode::FAILURE
+    })
+}
+
+/// A small event in the shape the scheme's senders use: SendGrid posts an
+/// array of events keyed by `sg_event_id`, the others a JSON object.
+fn generated_body(scheme: &Scheme, id: &str, now: i64) -> Vec<u8> {
+    let event = match scheme {
+        Scheme::Sendgrid => serde_json::json!([{
+            "email": "test@example.com",
+            "event": "processed",
+            "sg_event_id": id,
+            "timestamp": now,
+        }]),
+        _ => serde_json::json!({ "id": id, "type": "hookgate.test" }),
+    };
+    event.to_string().into_bytes()
+}
+
+/// SendGrid's headers for `body`, signed with the private key in `key_path`.
+/// The key's bytes stay in a [`SecretValue`] and never reach a message: the
+/// errors name the file and what it is not.
+fn sign_sendgrid(key_path: &Path, body: &[u8], now: i64) -> Option<SignedHeaders> {
+    let key = match std::fs::read(key_path) {
+        Ok(bytes) => SecretValue::new(bytes),
+        Err(e) => {
+            eprintln!("cannot read the private key {}: {e}", key_path.display());
+            return None;
+        }
+    };
+    crate::provider::sendgrid_sign(key.expose(), body, now)
+        .map_err(|e| eprintln!("cannot sign with {}: {e}", key_path.display()))
+        .ok()
+}
+
+/// Verifies these headers and body as the gate would on the provider's
+/// path, with the secrets active now.
+fn verify(
+    p: &ProviderSettings,
+    active: &[ActiveSecret],
+    headers: &SignedHeaders,
+    body: &[u8],
+) -> Result<Verified, VerifyError> {
+    let mut map = HeaderMap::new();
+    for (name, value) in headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            map.append(name, value);
+        }
+    }
+    let uri: Uri = p.path.parse().unwrap_or_default();
+    let delivery = Delivery {
+        headers: &map,
+        body,
+        uri: &uri,
+    };
+    p.scheme.verify(&delivery, active)
 }
 
 /// `hookgate keys get|forget`.

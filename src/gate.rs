@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::future::Future;
 use std::time::Instant;
 
+use crate::StartError;
 use crate::metrics::Metrics;
 use crate::ratelimit::{ProviderLimit, SourceLimit};
 use crate::secret::{RELOAD_INTERVAL, SecretSet};
 use crate::settings::{ProviderSettings, Settings};
-use crate::store::{Backend, LeaseToken, ScopedKey, Store, StoreError};
+use crate::store::{Backend, LeaseToken, ScopedKey, Store};
+use crate::tls::ReloadingCert;
 use crate::upstream::Upstream;
 
 /// A configured provider and its secrets.
@@ -29,6 +31,8 @@ pub struct Gate {
     pub upstream: Upstream,
     pub metrics: Metrics,
     pub source_limit: Option<SourceLimit>,
+    /// The listener's certificate, when it serves TLS.
+    pub tls: Option<Arc<ReloadingCert>>,
     /// Claims held by deliveries still running, released if shutdown's
     /// grace runs out before they finish.
     inflight: Mutex<HashMap<LeaseToken, ScopedKey>>,
@@ -38,7 +42,12 @@ impl Gate {
     /// Opens the store and loads secrets. A secret that cannot be read yet
     /// does not stop the gate (a mounted file may appear later): it is
     /// logged, and a provider with no usable secret refuses every delivery.
-    pub async fn build(settings: Settings) -> Result<Arc<Self>, StoreError> {
+    pub async fn build(settings: Settings) -> Result<Arc<Self>, StartError> {
+        let upstream = Upstream::new(&settings.upstream)?;
+        let tls = match &settings.server.tls {
+            Some(files) => Some(ReloadingCert::load(files.clone())?),
+            None => None,
+        };
         let store = Store::open(&settings.store).await?;
         if store.backend_name() == "memory" {
             tracing::warn!("store.backend = \"memory\": a restart forgets every key");
@@ -65,7 +74,8 @@ impl Gate {
             .map(|(i, p)| (p.settings.path.clone(), i))
             .collect();
         let gate = Arc::new(Self {
-            upstream: Upstream::new(&settings.upstream),
+            upstream,
+            tls,
             settings,
             providers,
             routes,
@@ -139,6 +149,15 @@ fn spawn_housekeeping(gate: Weak<Gate>) {
             let Some(gate) = gate.upgrade() else { return };
             if let Some(limit) = &gate.source_limit {
                 limit.prune();
+            }
+            if let Some(cert) = &gate.tls {
+                match cert.reload_if_changed() {
+                    Ok(true) => tracing::info!("TLS certificate files changed; reloaded"),
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "TLS certificate not reloaded; the old one keeps serving")
+                    }
+                }
             }
             for p in &gate.providers {
                 if p.secrets.reload_files() > 0 {

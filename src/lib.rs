@@ -19,6 +19,7 @@ pub mod server;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -42,6 +43,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Store(#[from] store::StoreError),
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// A running gate: its bound addresses and the means to stop it.
@@ -95,13 +98,15 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
     let g = Arc::clone(&gate);
     let public_task = tokio::spawn(server::serve(
         public,
-        move |req, peer| pipeline::handle(Arc::clone(&g), req, peer),
+        gate.tls.as_ref().map(|cert| cert.acceptor()),
+        move |req, conn| pipeline::handle(Arc::clone(&g), req, conn),
         stopped.clone(),
         limits,
     ));
     let g = Arc::clone(&gate);
     let admin_task = tokio::spawn(server::serve(
         admin,
+        None,
         move |req, _| admin::handle(Arc::clone(&g), req),
         stopped,
         limits,

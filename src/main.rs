@@ -24,9 +24,18 @@ fn main() -> ExitCode {
     };
     match &cli.command {
         Some(Command::Check) => cli::check(&settings),
-        Some(Command::Sign { provider, body, id }) => {
-            cli::sign(&settings, provider, body.as_deref(), id.as_deref())
-        }
+        Some(Command::Sign {
+            provider,
+            body,
+            id,
+            private_key,
+        }) => cli::sign(
+            &settings,
+            provider,
+            body.as_deref(),
+            id.as_deref(),
+            private_key.as_deref(),
+        ),
         Some(Command::Keys { action }) => block_on(cli::keys(&settings, action)),
         Some(Command::Run | Command::Demo) | None => block_on(serve(settings)),
     }

@@ -15,6 +15,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
 
 use crate::body::ProxyBody;
 
@@ -31,15 +32,25 @@ pub struct ConnLimits {
     pub max_header_bytes: usize,
 }
 
-/// Serves `handler` on `listener` until `shutdown` flips, then stops
-/// accepting and gives open connections `grace` to finish.
+/// Who is on the other end of a connection.
+#[derive(Clone, Copy, Debug)]
+pub struct Conn {
+    pub peer: SocketAddr,
+    /// Whether the connection came in over TLS (`X-Forwarded-Proto`).
+    pub tls: bool,
+}
+
+/// Serves `handler` on `listener` (over TLS when an acceptor is given)
+/// until `shutdown` flips, then stops accepting and gives open connections
+/// `grace` to finish.
 pub async fn serve<F, Fut>(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     handler: F,
     mut shutdown: watch::Receiver<bool>,
     limits: ConnLimits,
 ) where
-    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    F: Fn(Request<Incoming>, Conn) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -76,16 +87,38 @@ pub async fn serve<F, Fut>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let conn = Conn { peer, tls: tls.is_some() };
                 let handler = handler.clone();
                 let service = service_fn(move |req| {
-                    let response = handler(req, peer);
+                    let response = handler(req, conn);
                     async move { Ok::<_, Infallible>(response.await) }
                 });
-                let conn = graceful.watch(
-                    builder.serve_connection(TokioIo::new(stream), service).into_owned(),
-                );
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                let tls = tls.clone();
+                let handshake_timeout = limits.header_read_timeout;
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
+                    let result = match tls {
+                        None => {
+                            let conn = builder.serve_connection(TokioIo::new(stream), service);
+                            watcher.watch(conn.into_owned()).await
+                        }
+                        Some(acceptor) => {
+                            // A client that never finishes the handshake is
+                            // cut off like one that never sends its head.
+                            let accepted =
+                                tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await;
+                            match accepted {
+                                Ok(Ok(stream)) => {
+                                    let conn = builder.serve_connection(TokioIo::new(stream), service);
+                                    watcher.watch(conn.into_owned()).await
+                                }
+                                Ok(Err(e)) => Err(e.into()),
+                                Err(_) => Err("TLS handshake timed out".into()),
+                            }
+                        }
+                    };
+                    if let Err(e) = result {
                         tracing::debug!(error = %e, %peer, "connection ended with an error");
                     }
                     drop(slot);

@@ -13,6 +13,7 @@ use crate::provider::Scheme;
 use crate::ratelimit::Rate;
 use crate::secret::SecretSpec;
 use crate::store::StoreSettings;
+use crate::tls::TlsFiles;
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -34,6 +35,7 @@ pub struct ServerSettings {
     pub per_source_rate_limit: Option<Rate>,
     pub max_connections: usize,
     pub max_header_bytes: usize,
+    pub tls: Option<TlsFiles>,
 }
 
 #[derive(Clone, Debug)]
@@ -42,6 +44,8 @@ pub struct UpstreamSettings {
     pub url: Uri,
     pub timeout: Duration,
     pub passthrough: bool,
+    /// Extra trust roots for an https upstream.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// Store-wide dedupe parameters that providers may override.

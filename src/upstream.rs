@@ -14,6 +14,8 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::body::ProxyBody;
 use crate::settings::UpstreamSettings;
+use crate::tls::TlsError;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 
 /// The most of an upstream answer the gate buffers for a delivery. Webhook
 /// answers are small; a larger one is treated as a failed call.
@@ -37,24 +39,32 @@ pub struct Buffered {
 }
 
 pub struct Upstream {
-    client: Client<HttpConnector, ProxyBody>,
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
     base: Uri,
     timeout: Duration,
 }
 
 impl Upstream {
-    pub fn new(settings: &UpstreamSettings) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(settings.timeout));
+    /// A client for http and https upstreams (system roots plus
+    /// `upstream.ca_file`).
+    pub fn new(settings: &UpstreamSettings) -> Result<Self, TlsError> {
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(settings.timeout));
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(crate::tls::client_config(settings.ca_file.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        Self {
+        Ok(Self {
             client,
             base: settings.url.clone(),
             timeout: settings.timeout,
-        }
+        })
     }
 
     /// The target for `path_and_query`: the upstream's scheme, authority and
@@ -168,7 +178,9 @@ mod tests {
             url: Uri::from_static("http://127.0.0.1:3000/app/"),
             timeout: Duration::from_secs(1),
             passthrough: true,
-        });
+            ca_file: None,
+        })
+        .unwrap();
         assert_eq!(
             up.target("/hooks?a=1").unwrap().to_string(),
             "http://127.0.0.1:3000/app/hooks?a=1"

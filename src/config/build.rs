@@ -20,6 +20,7 @@ use crate::settings::{
     Settings, UpstreamSettings,
 };
 use crate::store::{BackendSettings, StoreSettings};
+use crate::tls::TlsFiles;
 
 pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, ConfigErrors> {
     let i = &mut issues;
@@ -40,6 +41,10 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
             .and_then(|r| rate(i, "server.per_source_rate_limit", r)),
         max_connections: s.max_connections,
         max_header_bytes: s.max_header_bytes,
+        tls: s.tls.as_ref().map(|t| TlsFiles {
+            cert: PathBuf::from(&t.cert),
+            key: PathBuf::from(&t.key),
+        }),
     };
     if s.max_connections == 0 {
         i.push("server.max_connections", "must be greater than 0");
@@ -56,6 +61,7 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
         url: upstream_url(i, &u.url),
         timeout: duration(i, "upstream.timeout", &u.timeout),
         passthrough: u.passthrough,
+        ca_file: u.ca_file.as_ref().map(PathBuf::from),
     };
 
     let st = &file.store;
@@ -65,6 +71,26 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
         },
         BackendKind::Memory => BackendSettings::Memory {
             capacity: st.memory_capacity.max(1),
+        },
+        BackendKind::Postgres => match st.url.as_deref() {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                BackendSettings::Postgres {
+                    url: url.to_owned(),
+                    // Raised to the longest provider retention below.
+                    retention: Duration::ZERO,
+                }
+            }
+            Some(_) => {
+                i.push(
+                    "store.url",
+                    "a postgres URL starts with postgres:// or postgresql://",
+                );
+                BackendSettings::Memory { capacity: 1 }
+            }
+            None => {
+                i.push("store.url", "required when store.backend = \"postgres\"");
+                BackendSettings::Memory { capacity: 1 }
+            }
         },
         BackendKind::Redis => match st.url.as_deref() {
             Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
@@ -83,7 +109,7 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
             }
         },
     };
-    let store = StoreSettings {
+    let mut store = StoreSettings {
         backend,
         op_timeout: duration(i, "store.timeout", &st.timeout),
     };
@@ -103,6 +129,12 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
     }
 
     let providers = providers(i, &file.providers, &dedupe);
+    if let BackendSettings::Postgres { retention, .. } = &mut store.backend {
+        *retention = providers
+            .iter()
+            .map(|p| p.retention)
+            .fold(dedupe.retention, Duration::max);
+    }
 
     if issues.0.is_empty() {
         Ok(Settings {
@@ -434,17 +466,12 @@ fn header(i: &mut Issues, at: &str, name: &str) -> Option<HeaderName> {
 
 fn upstream_url(i: &mut Issues, text: &str) -> Uri {
     match text.parse::<Uri>() {
-        Ok(uri) if uri.scheme_str() == Some("http") && uri.authority().is_some() => {
+        Ok(uri)
+            if matches!(uri.scheme_str(), Some("http" | "https")) && uri.authority().is_some() =>
+        {
             if uri.query().is_some() {
                 i.push("upstream.url", "must not carry a query string");
             }
-            uri
-        }
-        Ok(uri) if uri.scheme_str() == Some("https") => {
-            i.push(
-                "upstream.url",
-                "https upstreams are not supported yet; the app runs beside the gate over http",
-            );
             uri
         }
         _ => {

@@ -18,6 +18,15 @@ pub struct ServerFile {
     pub per_source_rate_limit: Option<RateFile>,
     pub max_connections: usize,
     pub max_header_bytes: usize,
+    pub tls: Option<TlsFile>,
+}
+
+/// `tls = { cert = "/etc/hookgate/tls.crt", key = "/etc/hookgate/tls.key" }`
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    pub cert: String,
+    pub key: String,
 }
 
 /// `{ per_second = 50, burst = 100 }`; `burst` defaults to `per_second`.
@@ -40,6 +49,7 @@ impl Default for ServerFile {
             per_source_rate_limit: None,
             max_connections: 4096,
             max_header_bytes: 64 * 1024,
+            tls: None,
         }
     }
 }
@@ -50,6 +60,7 @@ pub struct UpstreamFile {
     pub url: String,
     pub timeout: String,
     pub passthrough: bool,
+    pub ca_file: Option<String>,
 }
 
 impl Default for UpstreamFile {
@@ -58,6 +69,7 @@ impl Default for UpstreamFile {
             url: "http://127.0.0.1:3000".into(),
             timeout: "10s".into(),
             passthrough: true,
+            ca_file: None,
         }
     }
 }
@@ -67,6 +79,7 @@ impl Default for UpstreamFile {
 pub enum BackendKind {
     Sqlite,
     Redis,
+    Postgres,
     Memory,
 }
 

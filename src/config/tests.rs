@@ -114,6 +114,29 @@ fn redis_needs_a_url_and_hmac_keys_belong_to_hmac() {
 }
 
 #[test]
+fn postgres_needs_a_postgres_url_and_keeps_the_longest_retention() {
+    let errs = errors(&format!("{STRIPE}[store]\nbackend = \"postgres\"\n"));
+    let joined = errors_text(&errs);
+    assert!(joined.contains("store.url: required"), "{joined}");
+    let errs = errors(&format!(
+        "{STRIPE}[store]\nbackend = \"postgres\"\nurl = \"redis://127.0.0.1\"\n"
+    ));
+    assert!(errors_text(&errs).contains("store.url"), "{errs:?}");
+
+    let s = load(&figment_from_str(&format!(
+        "{STRIPE}retention = \"7d\"\n[store]\nbackend = \"postgres\"\nurl = \"postgres://gate@db/hookgate\"\nretention = \"4d\"\n"
+    )))
+    .unwrap();
+    match s.store.backend {
+        crate::store::BackendSettings::Postgres { url, retention } => {
+            assert_eq!(url, "postgres://gate@db/hookgate");
+            assert_eq!(retention, Duration::from_secs(7 * 86400));
+        }
+        other => panic!("expected postgres, got {other:?}"),
+    }
+}
+
+#[test]
 fn secret_tables_take_not_after() {
     let s = load(&figment_from_str(
         r#"

@@ -3,10 +3,12 @@
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::Authority;
 use http::{Request, Version};
 
 use super::Context;
 use crate::body;
+use crate::server::Conn;
 use crate::store::ScopedKey;
 use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
 
@@ -56,7 +58,7 @@ async fn send_with(
     };
     let uri = cx.gate.upstream.target(&path_and_query)?;
     let mut headers = cx.head.headers.clone();
-    prepare_headers(cx, &mut headers);
+    prepare_headers(&mut headers, cx.conn, cx.head.uri.authority());
     if let Some(key) = key {
         // Keys are validated printable text, so this cannot fail.
         if let Ok(v) = HeaderValue::try_from(key.to_string()) {
@@ -103,8 +105,9 @@ async fn send_with(
 
 /// The headers every forwarded request gets, delivery or passthrough: no
 /// hop-by-hop headers, no sender-supplied `Hookgate-*` headers (the app
-/// trusts those), `Host` kept, and the `X-Forwarded-*` pair.
-pub fn prepare_headers(cx_peer: &impl PeerInfo, headers: &mut HeaderMap) {
+/// trusts those), `Host` kept (from the HTTP/2 authority when there is no
+/// `Host`), and the `X-Forwarded-*` pair.
+pub fn prepare_headers(headers: &mut HeaderMap, conn: Conn, authority: Option<&Authority>) {
     strip_hop_by_hop(headers);
     let spoofed: Vec<HeaderName> = headers
         .keys()
@@ -115,12 +118,11 @@ pub fn prepare_headers(cx_peer: &impl PeerInfo, headers: &mut HeaderMap) {
         headers.remove(name);
     }
     if !headers.contains_key(header::HOST)
-        && let Some(authority) = cx_peer.authority()
-        && let Ok(v) = HeaderValue::try_from(authority)
+        && let Some(v) = authority.and_then(|a| HeaderValue::try_from(a.as_str()).ok())
     {
         headers.insert(header::HOST, v);
     }
-    let peer = cx_peer.peer_ip();
+    let peer = conn.peer.ip().to_string();
     let forwarded_for = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prior) => format!("{prior}, {peer}"),
         None => peer,
@@ -128,21 +130,6 @@ pub fn prepare_headers(cx_peer: &impl PeerInfo, headers: &mut HeaderMap) {
     if let Ok(v) = HeaderValue::try_from(forwarded_for) {
         headers.insert(X_FORWARDED_FOR, v);
     }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-}
-
-/// What `prepare_headers` needs to know of the incoming request.
-pub trait PeerInfo {
-    fn peer_ip(&self) -> String;
-    fn authority(&self) -> Option<String>;
-}
-
-impl PeerInfo for Context {
-    fn peer_ip(&self) -> String {
-        self.peer.ip().to_string()
-    }
-
-    fn authority(&self) -> Option<String> {
-        self.head.uri.authority().map(|a| a.to_string())
-    }
+    let proto = if conn.tls { "https" } else { "http" };
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
 }

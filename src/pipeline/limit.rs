@@ -14,7 +14,7 @@ pub fn check(cx: &Context) -> Result<(), GateError> {
     }
     if let Some(limit) = &cx.gate.source_limit {
         let header = cx.gate.settings.server.client_ip_header.as_ref();
-        let source = source_ip(cx.peer.ip(), &cx.head.headers, header);
+        let source = source_ip(cx.conn.peer.ip(), &cx.head.headers, header);
         limit
             .check(source)
             .map_err(|retry_after| GateError::RateLimited { retry_after })?;

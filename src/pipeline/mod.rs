@@ -11,7 +11,6 @@ mod passthrough;
 mod read;
 mod verify;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -22,6 +21,7 @@ use crate::body::ProxyBody;
 use crate::error::GateError;
 use crate::gate::{Gate, Provider};
 use crate::key::KeySource;
+use crate::server::Conn;
 use crate::telemetry::DeliveryRecord;
 
 /// What a phase hands on: the request head, its raw body and who sent it.
@@ -30,7 +30,7 @@ pub struct Context {
     pub provider: usize,
     pub head: request::Parts,
     pub body: Bytes,
-    pub peer: SocketAddr,
+    pub conn: Conn,
     pub record: DeliveryRecord,
 }
 
@@ -41,14 +41,10 @@ impl Context {
 }
 
 /// Entry point for every request on the public listener.
-pub async fn handle(
-    gate: Arc<Gate>,
-    req: Request<Incoming>,
-    peer: SocketAddr,
-) -> Response<ProxyBody> {
+pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
     let Some(index) = gate.route(req.uri().path()) else {
         return if gate.settings.upstream.passthrough {
-            passthrough::forward(&gate, req, peer).await
+            passthrough::forward(&gate, req, conn).await
         } else {
             GateError::UnknownRoute.to_response()
         };
@@ -56,7 +52,7 @@ pub async fn handle(
     let provider = &gate.providers[index].settings;
     if req.method() != Method::POST {
         return if provider.passthrough_methods.contains(req.method()) {
-            passthrough::forward(&gate, req, peer).await
+            passthrough::forward(&gate, req, conn).await
         } else {
             GateError::MethodNotAllowed.to_response()
         };
@@ -64,7 +60,7 @@ pub async fn handle(
     // The delivery runs in a task of its own: if the sender hangs up after
     // the claim, the forward and its mark still complete, so the claim is
     // never left to expire with the app's work unrecorded.
-    let task = tokio::spawn(deliver(gate, index, req, peer));
+    let task = tokio::spawn(deliver(gate, index, req, conn));
     match task.await {
         Ok(response) => response,
         Err(e) => {
@@ -79,7 +75,7 @@ async fn deliver(
     gate: Arc<Gate>,
     provider: usize,
     req: Request<Incoming>,
-    peer: SocketAddr,
+    conn: Conn,
 ) -> Response<ProxyBody> {
     let (head, incoming) = req.into_parts();
     let traceparent = head
@@ -93,7 +89,7 @@ async fn deliver(
         provider,
         head,
         body: Bytes::new(),
-        peer,
+        conn,
         record,
     };
     let response = match phases(&mut cx, incoming).await {

@@ -2,35 +2,19 @@
 //! provider lists in `passthrough_methods`): proxied unchanged and streamed,
 //! with no verification and no dedupe.
 
-use std::net::SocketAddr;
-
-use http::{Request, Response, Uri, Version};
+use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
-use super::forward::{PeerInfo, prepare_headers};
+use super::forward::prepare_headers;
 use crate::body::{self, ProxyBody};
 use crate::error::GateError;
 use crate::gate::Gate;
+use crate::server::Conn;
 use crate::upstream::{UpstreamError, strip_hop_by_hop};
 
-struct Peer<'a> {
-    addr: SocketAddr,
-    uri: &'a Uri,
-}
-
-impl PeerInfo for Peer<'_> {
-    fn peer_ip(&self) -> String {
-        self.addr.ip().to_string()
-    }
-
-    fn authority(&self) -> Option<String> {
-        self.uri.authority().map(|a| a.to_string())
-    }
-}
-
 /// Proxies the request and streams the answer back.
-pub async fn forward(gate: &Gate, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
-    match call(gate, req, peer).await {
+pub async fn forward(gate: &Gate, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
+    match call(gate, req, conn).await {
         Ok(response) => response,
         Err(UpstreamError::Timeout(d)) => GateError::UpstreamTimeout(d).to_response(),
         Err(e) => {
@@ -43,18 +27,13 @@ pub async fn forward(gate: &Gate, req: Request<Incoming>, peer: SocketAddr) -> R
 async fn call(
     gate: &Gate,
     req: Request<Incoming>,
-    peer: SocketAddr,
+    conn: Conn,
 ) -> Result<Response<ProxyBody>, UpstreamError> {
     let (mut head, incoming) = req.into_parts();
     let pq = head.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let target = gate.upstream.target(pq)?;
-    prepare_headers(
-        &Peer {
-            addr: peer,
-            uri: &head.uri,
-        },
-        &mut head.headers,
-    );
+    let authority = head.uri.authority().cloned();
+    prepare_headers(&mut head.headers, conn, authority.as_ref());
     head.uri = target;
     head.version = Version::HTTP_11;
     let upstream_req = Request::from_parts(head, body::stream(incoming));

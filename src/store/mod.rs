@@ -6,6 +6,7 @@
 //! key, so a holder whose lease expired can never overwrite a newer one.
 
 mod memory;
+mod postgres;
 mod redis;
 mod sqlite;
 
@@ -17,6 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 pub use self::memory::MemoryStore;
+pub use self::postgres::{PartitionHealth, PostgresStore};
 pub use self::redis::RedisStore;
 pub use self::sqlite::SqliteStore;
 
@@ -158,9 +160,22 @@ pub trait Backend: Send + Sync {
 /// Which backend to open, with its parameters (built from the config).
 #[derive(Clone, Debug)]
 pub enum BackendSettings {
-    Memory { capacity: usize },
-    Sqlite { path: PathBuf },
-    Redis { url: String, prefix: String },
+    Memory {
+        capacity: usize,
+    },
+    Sqlite {
+        path: PathBuf,
+    },
+    Redis {
+        url: String,
+        prefix: String,
+    },
+    /// Postgres's `retention` is the longest any provider keeps a key: its
+    /// partitions are dropped only past it.
+    Postgres {
+        url: String,
+        retention: Duration,
+    },
 }
 
 /// Runtime store settings.
@@ -182,6 +197,7 @@ enum Dispatch {
     Memory(MemoryStore),
     Sqlite(SqliteStore),
     Redis(RedisStore),
+    Postgres(PostgresStore),
 }
 
 macro_rules! dispatch {
@@ -191,6 +207,7 @@ macro_rules! dispatch {
                 Dispatch::Memory($s) => $call.await,
                 Dispatch::Sqlite($s) => $call.await,
                 Dispatch::Redis($s) => $call.await,
+                Dispatch::Postgres($s) => $call.await,
             }
         };
         match tokio::time::timeout($self.op_timeout, fut).await {
@@ -201,14 +218,18 @@ macro_rules! dispatch {
 }
 
 impl Store {
-    /// Opens the backend. Redis connects lazily and reconnects on its own, so
-    /// opening succeeds while it is down; the first operation reports it.
+    /// Opens the backend. Redis and postgres connect lazily and reconnect on
+    /// their own, so opening succeeds while they are down; the first
+    /// operation reports it.
     pub async fn open(settings: &StoreSettings) -> Result<Self, StoreError> {
         let backend = match &settings.backend {
             BackendSettings::Memory { capacity } => Dispatch::Memory(MemoryStore::new(*capacity)),
             BackendSettings::Sqlite { path } => Dispatch::Sqlite(SqliteStore::open(path).await?),
             BackendSettings::Redis { url, prefix } => {
                 Dispatch::Redis(RedisStore::open(url, prefix, settings.op_timeout).await?)
+            }
+            BackendSettings::Postgres { url, retention } => {
+                Dispatch::Postgres(PostgresStore::open(url, settings.op_timeout, *retention).await?)
             }
         };
         Ok(Self {
@@ -222,6 +243,7 @@ impl Store {
             Dispatch::Memory(_) => "memory",
             Dispatch::Sqlite(_) => "sqlite",
             Dispatch::Redis(_) => "redis",
+            Dispatch::Postgres(_) => "postgres",
         }
     }
 }

@@ -1,10 +1,13 @@
 //! The store conformance suite (SPEC section 4): one set of test functions,
-//! generic over the backend, run against memory, sqlite and redis alike. A
-//! backend that passes them is interchangeable. Backend-specific behaviour
-//! (durability, faults, eviction) is tested in the submodules.
+//! generic over the backend, run against memory, sqlite, redis and postgres
+//! alike. A backend that passes them is interchangeable. Backend-specific
+//! behaviour (durability, faults, eviction, partitions) is tested in the
+//! submodules.
 
 mod harness;
 mod memory_lru;
+mod postgres_gate;
+mod postgres_store;
 mod redis_faults;
 mod sqlite_file;
 
@@ -54,6 +57,7 @@ macro_rules! conformance {
 conformance!(memory, MemoryHarness);
 conformance!(sqlite, SqliteHarness);
 conformance!(redis, RedisHarness);
+conformance!(postgres, PostgresHarness);
 
 async fn claim_fresh_then_in_flight<H: Harness>() {
     let h = H::start().await;

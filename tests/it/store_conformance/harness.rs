@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hookgate::store::{
-    Backend, Claim, Existing, KeyRecord, LeaseToken, MemoryStore, RedisStore, ScopedKey, Snapshot,
-    SqliteStore,
+    Backend, Claim, Existing, KeyRecord, LeaseToken, MemoryStore, PostgresStore, RedisStore,
+    ScopedKey, Snapshot, SqliteStore,
 };
 use tempfile::TempDir;
 use tokio::sync::Barrier;
 
+use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_server::RedisServer;
 
 /// A lease no test outlives.
@@ -23,6 +24,8 @@ pub const RETAIN: Duration = Duration::from_secs(3600);
 /// Bound of one redis operation in these tests.
 pub const REDIS_OP_TIMEOUT: Duration = Duration::from_secs(2);
 pub const REDIS_PREFIX: &str = "hookgate-test";
+/// Bound of one postgres operation (and of connecting) in these tests.
+pub const POSTGRES_OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A fresh, empty store of one backend, and what it needs kept alive.
 pub trait Harness: Send + Sync + Sized + 'static {
@@ -118,6 +121,38 @@ async fn open_redis(url: &str) -> RedisStore {
     RedisStore::open(url, REDIS_PREFIX, REDIS_OP_TIMEOUT)
         .await
         .expect("open redis store")
+}
+
+pub struct PostgresHarness {
+    server: PostgresServer,
+    store: Arc<PostgresStore>,
+}
+
+impl Harness for PostgresHarness {
+    type Store = PostgresStore;
+
+    async fn start() -> Self {
+        let server = PostgresServer::start();
+        let store = open_postgres(&server.url()).await;
+        Self {
+            server,
+            store: Arc::new(store),
+        }
+    }
+
+    fn store(&self) -> Arc<PostgresStore> {
+        Arc::clone(&self.store)
+    }
+
+    async fn replica(&self) -> Arc<PostgresStore> {
+        Arc::new(open_postgres(&self.server.url()).await)
+    }
+}
+
+pub async fn open_postgres(url: &str) -> PostgresStore {
+    PostgresStore::open(url, POSTGRES_OP_TIMEOUT, RETAIN)
+        .await
+        .expect("open postgres store")
 }
 
 pub fn key(id: &str) -> ScopedKey {

@@ -1,5 +1,6 @@
 //! Test support: the real gate, a recording upstream, real servers.
 
 pub mod gate;
+pub mod postgres_server;
 pub mod redis_server;
 pub mod upstream;
