@@ -65,9 +65,12 @@ pub fn figment(path: &Path, explicit: bool) -> Result<Figment, ConfigErrors> {
             message: format!("file {} not found", path.display()),
         }]));
     }
-    Ok(Figment::new()
-        .merge(Toml::file_exact(path))
-        .merge(Env::prefixed("HOOKGATE_").split("__")))
+    // Without a file, the environment alone may configure the gate.
+    let mut figment = Figment::new();
+    if explicit || path.exists() {
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    Ok(figment.merge(Env::prefixed("HOOKGATE_").split("__")))
 }
 
 /// The layers for a TOML string, for tests (no environment involved).
@@ -167,6 +170,7 @@ fn push_figment(issues: &mut Issues, prefix: &str, error: figment::Error) {
         match &e.kind {
             figment::error::Kind::UnknownField(field, _) => issues.push(at(field), "unknown key"),
             figment::error::Kind::MissingField(field) => issues.push(at(field), "required"),
+            kind if prefix.is_empty() => issues.push("(config file)", kind.to_string()),
             kind => issues.push(prefix, kind.to_string()),
         }
     }
