@@ -152,6 +152,9 @@ pub fn check(settings: &Settings) -> ExitCode {
             );
         }
     }
+    if settings.providers.is_empty() {
+        eprintln!("warning: no providers configured: every request is passed through unverified");
+    }
     if matches!(
         settings.store.backend,
         crate::store::BackendSettings::Memory { .. }
