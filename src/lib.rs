@@ -8,6 +8,8 @@ pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gate;
 pub mod key;
 pub mod metrics;

@@ -11,7 +11,7 @@ use hookgate::provider::Scheme;
 use crate::support::gate::{GateConfig, SECRET, post, provider, secret_file, signed, stripe_event};
 use crate::support::upstream::Upstream;
 
-fn hookgate() -> Command {
+pub fn hookgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hookgate"))
 }
 
@@ -94,15 +94,25 @@ pub struct Child {
     process: std::process::Child,
     lines: mpsc::Receiver<String>,
     seen: Vec<String>,
+    admin_addr: std::net::SocketAddr,
 }
 
 impl Child {
     pub fn spawn(config_path: &std::path::Path) -> (Self, std::net::SocketAddr) {
+        Self::spawn_with_env(config_path, &[])
+    }
+
+    /// Like `spawn`, with extra environment variables for the child only.
+    pub fn spawn_with_env(
+        config_path: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> (Self, std::net::SocketAddr) {
         let mut process = hookgate()
             .arg("run")
             .arg("--config")
             .arg(config_path)
             .env("RUST_LOG", "debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -123,15 +133,38 @@ impl Child {
             process,
             lines,
             seen: Vec::new(),
+            admin_addr: ([127, 0, 0, 1], 0).into(),
         };
         let addr = loop {
             let line = child.next_line();
             let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
             if v["message"] == "hookgate listening" {
+                child.admin_addr = v["admin_addr"].as_str().unwrap().parse().unwrap();
                 break v["addr"].as_str().unwrap().parse().unwrap();
             }
         };
         (child, addr)
+    }
+
+    /// Where `/healthz`, `/readyz` and `/metrics` answer.
+    pub fn admin_addr(&self) -> std::net::SocketAddr {
+        self.admin_addr
+    }
+
+    /// The process id, for reading its memory use from `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
+    }
+
+    /// SIGKILL: no grace, no cleanup, as when a node dies. Returns what the
+    /// process printed.
+    pub fn kill(mut self) -> Vec<String> {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            self.seen.push(line);
+        }
+        std::mem::take(&mut self.seen)
     }
 
     fn next_line(&mut self) -> String {
@@ -154,7 +187,17 @@ impl Child {
         while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(500)) {
             self.seen.push(line);
         }
-        (status.code(), self.seen)
+        (status.code(), std::mem::take(&mut self.seen))
+    }
+}
+
+/// A test that panics midway must not leave its gate processes running.
+impl Drop for Child {
+    fn drop(&mut self) {
+        if matches!(self.process.try_wait(), Ok(None)) {
+            let _ = self.process.kill();
+            let _ = self.process.wait();
+        }
     }
 }
 

@@ -2,11 +2,15 @@
 //! upstream on port 0, real redis-server processes.
 
 mod batch;
+mod chaos;
 mod cli;
 mod dedupe;
 mod forwarding;
+mod fuzz_corpus;
+mod malformed;
 mod operate;
 mod schemes;
+mod secrets;
 mod store_conformance;
 mod store_faults;
 mod support;

@@ -1,6 +1,7 @@
 //! A real `redis-server` for tests: on a free port, in a temp dir, with no
-//! persistence, killed on drop. `kill` and `restart` (same port) let fault
-//! tests take it away and bring it back under a running store.
+//! persistence unless asked (`start_with_aof`), killed on drop. `kill` and
+//! `restart` (same port) let fault tests take it away and bring it back
+//! under a running store.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -16,16 +17,31 @@ pub struct RedisServer {
     port: u16,
     dir: TempDir,
     child: Option<Child>,
+    /// Append-only persistence, fsynced on every write: a killed server
+    /// comes back with every acknowledged write.
+    aof: bool,
 }
 
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers PING.
     /// Panics (never skips) when the binary is missing.
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// Like `start`, with append-only persistence (`appendfsync always`):
+    /// `kill` then `restart` brings back every acknowledged write, as a
+    /// production redis with AOF would after a crash.
+    pub fn start_with_aof() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(aof: bool) -> Self {
         let mut server = Self {
             port: free_port(),
             dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
             child: None,
+            aof,
         };
         server.spawn();
         server
@@ -46,7 +62,7 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port (killing it first if needed),
-    /// empty since nothing is persisted.
+    /// empty unless started with `start_with_aof`.
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
@@ -54,9 +70,15 @@ impl RedisServer {
 
     fn spawn(&mut self) {
         let log = self.dir.path().join("redis.log");
+        let persistence: &[&str] = if self.aof {
+            &["--appendonly", "yes", "--appendfsync", "always"]
+        } else {
+            &["--appendonly", "no"]
+        };
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+            .args(["--save", "", "--bind", "127.0.0.1"])
+            .args(persistence)
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")

@@ -22,6 +22,8 @@ pub struct Received {
     pub uri: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// The status the app answered (decided when the request arrived).
+    pub status: u16,
 }
 
 /// How the app answers the next requests.
@@ -31,6 +33,15 @@ pub enum Behavior {
     Status(u16),
     /// Wait, then answer 200.
     Stall(Duration),
+    /// A flaky app, for chaos tests: `fail_percent` of calls answer 500 at
+    /// once, `stall_percent` wait `stall` and then answer 503 (the app gave
+    /// up on work the gate had already timed out on), the rest answer 200.
+    /// Which call does what is a fixed pseudo-random function of its number.
+    Random {
+        fail_percent: u64,
+        stall_percent: u64,
+        stall: Duration,
+    },
 }
 
 #[derive(Default)]
@@ -96,23 +107,34 @@ async fn answer(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    let (n, behavior) = {
+    let (n, status, stall) = {
         let mut s = state.lock().unwrap();
+        let n = s.received.len() + 1;
+        let (status, stall) = match s.behavior.clone().unwrap_or(Behavior::Status(200)) {
+            Behavior::Status(status) => (status, None),
+            Behavior::Stall(d) => (200, Some(d)),
+            Behavior::Random {
+                fail_percent,
+                stall_percent,
+                stall,
+            } => match scramble(n as u64) % 100 {
+                r if r < fail_percent => (500, None),
+                r if r < fail_percent + stall_percent => (503, Some(stall)),
+                _ => (200, None),
+            },
+        };
         s.received.push(Received {
             method: parts.method,
             uri: parts.uri.to_string(),
             headers: parts.headers,
             body,
+            status,
         });
-        (s.received.len(), s.behavior.clone())
+        (n, status, stall)
     };
-    let status = match behavior.unwrap_or(Behavior::Status(200)) {
-        Behavior::Status(s) => s,
-        Behavior::Stall(d) => {
-            tokio::time::sleep(d).await;
-            200
-        }
-    };
+    if let Some(d) = stall {
+        tokio::time::sleep(d).await;
+    }
     let body = format!("{{\"call\":{n},\"status\":{status}}}");
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = StatusCode::from_u16(status).unwrap();
@@ -123,4 +145,13 @@ async fn answer(
         .headers_mut()
         .insert("x-app", "recorded".parse().unwrap());
     Ok(response)
+}
+
+/// A fixed bijective scramble of the call number (splitmix64's finalizer):
+/// spreads `Behavior::Random`'s failures evenly without a random source.
+fn scramble(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }

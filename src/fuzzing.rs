@@ -1,0 +1,214 @@
+//! Entry points shared by the cargo-fuzz targets (`fuzz/`) and the corpus
+//! replay test (`tests/it/fuzz_corpus.rs`): each takes arbitrary bytes,
+//! drives one parser of untrusted input, and panics only when an invariant
+//! breaks. Not part of the gate's API.
+//!
+//! Input layout for the signature targets: header values, one per line, in
+//! the order of the scheme's header names, then a NUL byte, then the body.
+//! A line that is not a valid header value leaves that header out.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Uri};
+
+use crate::key::{KeySource, Payload};
+use crate::provider::{Delivery, Scheme, TwilioScheme, VerifyError};
+use crate::secret::{ActiveSecret, SecretValue};
+use crate::settings::FingerprintMode;
+
+/// One fuzz target: its name (of `fuzz/fuzz_targets/*.rs` and of its corpus
+/// folder) and what it runs.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// Every fuzz target.
+pub const TARGETS: &[Target] = &[
+    ("stripe_signature", stripe_signature),
+    ("standard_signature", standard_signature),
+    ("twilio_signature", twilio_signature),
+    ("sendgrid_signature", sendgrid_signature),
+    ("key_extraction", key_extraction),
+    ("fingerprint", fingerprint),
+];
+
+/// A P-256 verification key (SendGrid's documentation example).
+const SENDGRID_PUBLIC_KEY: &str = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE83T4O/n84iotIvIW4mdBgQ/7dAfSmpqIM8kF9mN1flpVKS3GRqe62gw+2fNNRaINXvVpiglSI8eNEc6wEA3F+g==";
+
+/// `Stripe-Signature` parsing and verification.
+pub fn stripe_signature(data: &[u8]) {
+    verify(&Scheme::Stripe, &["stripe-signature"], data, b"whsec_fuzz");
+}
+
+/// Standard Webhooks (and the `svix-*` aliases).
+pub fn standard_signature(data: &[u8]) {
+    verify(
+        &Scheme::Standard,
+        &[
+            "webhook-id",
+            "webhook-timestamp",
+            "webhook-signature",
+            "svix-id",
+            "svix-timestamp",
+            "svix-signature",
+        ],
+        data,
+        b"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    );
+}
+
+/// Twilio: the signature, the content type and the request target (the
+/// third line, which carries the query with `bodySHA256`), form bodies.
+pub fn twilio_signature(data: &[u8]) {
+    let scheme = Scheme::Twilio(TwilioScheme {
+        public_url: "https://example.com:443/webhooks/twilio".into(),
+    });
+    verify(
+        &scheme,
+        &["x-twilio-signature", "content-type", ":path"],
+        data,
+        b"twilio_auth_token",
+    );
+}
+
+/// SendGrid: base64 DER ECDSA signatures and the timestamp.
+pub fn sendgrid_signature(data: &[u8]) {
+    verify(
+        &Scheme::Sendgrid,
+        &[
+            "x-twilio-email-event-webhook-signature",
+            "x-twilio-email-event-webhook-timestamp",
+        ],
+        data,
+        SENDGRID_PUBLIC_KEY.as_bytes(),
+    );
+}
+
+/// Key extraction: the first line is a `key` setting (sources separated by
+/// spaces: `json:/id`, `form:a form:b`, `json:/*/sg_event_id`, ...), the
+/// second a `content-type`, the rest the body.
+pub fn key_extraction(data: &[u8]) {
+    let (spec, rest) = split_line(data);
+    let (content_type, body) = split_line(rest);
+    let specs: Vec<String> = String::from_utf8_lossy(spec)
+        .split(' ')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let Ok(source) = KeySource::parse(&specs) else {
+        return;
+    };
+    let mut headers = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_bytes(content_type) {
+        headers.insert(http::header::CONTENT_TYPE, v.clone());
+        headers.insert("x-id", v);
+    }
+    let payload = Payload::new(body, &headers);
+    match &source {
+        KeySource::Batch(pointer) => {
+            for mode in [FingerprintMode::Canonical, FingerprintMode::Raw] {
+                if let Ok(Some(items)) = payload.batch(pointer, mode, &[]) {
+                    assert!(!items.is_empty());
+                    for item in items {
+                        // Each element's range is its exact bytes in the body.
+                        let element = &body[item.range.clone()];
+                        assert!(serde_json::from_slice::<serde_json::Value>(element).is_ok());
+                        assert_key_is_usable(&item.key);
+                    }
+                }
+            }
+        }
+        _ => {
+            if let Ok(Some(key)) = source.extract(&payload) {
+                assert_key_is_usable(&key);
+            }
+        }
+    }
+}
+
+/// The canonical fingerprint: the first line lists volatile pointers
+/// (separated by spaces), the rest is the body. Whatever the input, the
+/// fingerprint is stable, and for JSON it ignores re-serialization.
+pub fn fingerprint(data: &[u8]) {
+    let (volatile, body) = split_line(data);
+    let volatile: Vec<String> = String::from_utf8_lossy(volatile)
+        .split(' ')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let mut form = HeaderMap::new();
+    form.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-www-form-urlencoded"),
+    );
+    let plain = HeaderMap::new();
+    for headers in [&plain, &form] {
+        let once = Payload::new(body, headers).fingerprint(FingerprintMode::Canonical, &volatile);
+        let twice = Payload::new(body, headers).fingerprint(FingerprintMode::Canonical, &volatile);
+        assert_eq!(once, twice, "the fingerprint is deterministic");
+        assert_eq!(once.len(), 64);
+    }
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
+        let compact = serde_json::to_vec(&value).expect("a Value serializes");
+        let pretty = serde_json::to_vec_pretty(&value).expect("a Value serializes");
+        let fp =
+            |b: &[u8]| Payload::new(b, &plain).fingerprint(FingerprintMode::Canonical, &volatile);
+        assert_eq!(
+            fp(&compact),
+            fp(&pretty),
+            "whitespace changed the fingerprint"
+        );
+    }
+}
+
+fn assert_key_is_usable(key: &str) {
+    assert!(!key.is_empty());
+    assert!(key.len() <= crate::key::MAX_KEY_BYTES);
+    assert!(!key.chars().any(char::is_control));
+    assert_eq!(key, key.trim());
+}
+
+/// Builds a delivery from `data` (see the module doc) and verifies it
+/// against `secret`. A verification of fuzzed input must fail cleanly, with
+/// an error that names a header and never a value.
+fn verify(scheme: &Scheme, names: &[&'static str], data: &[u8], secret: &[u8]) {
+    let (head, body) = match data.iter().position(|&b| b == 0) {
+        Some(at) => (&data[..at], &data[at + 1..]),
+        None => (data, &b""[..]),
+    };
+    let mut headers = HeaderMap::new();
+    let mut uri = Uri::from_static("/webhooks/fuzz");
+    for (name, line) in names.iter().zip(head.split(|&b| b == b'\n')) {
+        if *name == ":path" {
+            if let Ok(u) = Uri::try_from(line) {
+                uri = u;
+            }
+            continue;
+        }
+        if let Ok(value) = HeaderValue::from_bytes(line) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+    let secrets = [ActiveSecret {
+        index: 0,
+        value: Arc::new(SecretValue::new(secret)),
+    }];
+    let delivery = Delivery {
+        headers: &headers,
+        body,
+        uri: &uri,
+    };
+    match scheme.verify(&delivery, &secrets) {
+        Ok(verified) => assert_eq!(verified.secret_index, 0),
+        Err(VerifyError::NoUsableSecret) => panic!("the fuzz secret is usable"),
+        Err(e) => {
+            let message = e.to_string();
+            assert!(!message.contains(&*String::from_utf8_lossy(secret)));
+        }
+    }
+}
+
+fn split_line(data: &[u8]) -> (&[u8], &[u8]) {
+    match data.iter().position(|&b| b == b'\n') {
+        Some(at) => (&data[..at], &data[at + 1..]),
+        None => (data, &b""[..]),
+    }
+}
