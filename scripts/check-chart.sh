@@ -89,7 +89,7 @@ hookgate_bin() {
   # In CI, the tests that run before have just built it.
   if [ ! -x "$HOOKGATE_BIN" ]; then
     echo "building $HOOKGATE_BIN"
-    cargo build --locked --quiet --bin hookgate
+    cargo build --quiet --bin hookgate
   fi
 }
 
