@@ -35,8 +35,16 @@ METRICS = {
     "hookgate_store_operation_duration_seconds": {"backend", "operation"},
     "hookgate_secret_matches_total": {"provider", "secret"},
     "hookgate_mark_retries_total": {"provider"},
+    # The postgres store's partition maintenance (gauges, no labels).
+    "hookgate_postgres_estimated_rows": set(),
+    "hookgate_postgres_oldest_partition_age_seconds": set(),
+    "hookgate_postgres_partitions_ahead": set(),
+    "hookgate_postgres_last_maintenance_timestamp_seconds": set(),
 }
-HISTOGRAMS = {n for n in METRICS if n.endswith("_seconds")}
+# Gauges state a level, so their alerts need no rate: `for:` still holds them
+# over time.
+GAUGES = {n for n in METRICS if n.startswith("hookgate_postgres_")}
+HISTOGRAMS = {n for n in METRICS if n.endswith("_seconds") and n not in GAUGES}
 OUTCOMES = {
     "forwarded", "duplicate", "in_flight", "payload_mismatch", "invalid_signature",
     "stale_timestamp", "missing_key", "bad_payload", "rate_limited", "store_unavailable",
@@ -266,7 +274,8 @@ def check_rules(spec, where):
             need(name, f"{where}: a rule without alert")
             at = f"{where} {name}"
             need(rule.get("for"), f"{at}: no `for:` (alerts hold over time, never on single events)")
-            need(re.search(r"\b(rate|increase)\(", rule["expr"]), f"{at}: not a rate or an increase over a window")
+            on_gauges = set(re.findall(r"\bhookgate_[a-z_]+", rule["expr"])) <= GAUGES
+            need(on_gauges or re.search(r"\b(rate|increase)\(", rule["expr"]), f"{at}: not a rate or an increase over a window")
             need(rule.get("labels", {}).get("severity") in {"warning", "critical"}, f"{at}: severity")
             ann = rule.get("annotations", {})
             need(ann.get("summary") and ann.get("description"), f"{at}: summary and description")

@@ -150,6 +150,9 @@ fn spawn_housekeeping(gate: Weak<Gate>) {
             if let Some(limit) = &gate.source_limit {
                 limit.prune();
             }
+            if let Some(health) = gate.store.partition_health() {
+                gate.metrics.partition_health(&health);
+            }
             if let Some(cert) = &gate.tls {
                 match cert.reload_if_changed() {
                     Ok(true) => tracing::info!("TLS certificate files changed; reloaded"),

@@ -12,6 +12,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -49,6 +50,17 @@ pub struct Metrics {
     store_duration: Histograms<StoreLabels>,
     secret_matches: Family<SecretLabels, Counter>,
     mark_retries: Family<ProviderLabels, Counter>,
+    partitions: PartitionGauges,
+}
+
+/// The postgres store's partition maintenance, as gauges (set only on that
+/// backend). Claim latency is `hookgate_store_operation_duration_seconds`.
+#[derive(Default)]
+struct PartitionGauges {
+    estimated_rows: Gauge,
+    oldest_age_seconds: Gauge,
+    ahead: Gauge,
+    last_maintenance: Gauge,
 }
 
 /// Latency buckets from 0.25 ms to about 16 s.
@@ -102,7 +114,29 @@ impl Metrics {
             "Background retries of a failed completion mark",
             mark_retries.clone(),
         );
+        let partitions = PartitionGauges::default();
+        registry.register(
+            "hookgate_postgres_estimated_rows",
+            "Rows in processed_events, from the planner's statistics",
+            partitions.estimated_rows.clone(),
+        );
+        registry.register(
+            "hookgate_postgres_oldest_partition_age_seconds",
+            "Age of the oldest processed_events partition's first day",
+            partitions.oldest_age_seconds.clone(),
+        );
+        registry.register(
+            "hookgate_postgres_partitions_ahead",
+            "Daily partitions provisioned after today",
+            partitions.ahead.clone(),
+        );
+        registry.register(
+            "hookgate_postgres_last_maintenance_timestamp_seconds",
+            "When partition maintenance last succeeded (Unix time; 0: never)",
+            partitions.last_maintenance.clone(),
+        );
         Self {
+            partitions,
             registry,
             deliveries,
             request_duration,
@@ -154,6 +188,24 @@ impl Metrics {
                 provider: provider.to_owned(),
             })
             .inc();
+    }
+
+    /// Records the postgres store's partition health.
+    pub fn partition_health(&self, health: &crate::store::PartitionHealth) {
+        let g = &self.partitions;
+        g.estimated_rows
+            .set(i64::try_from(health.estimated_rows).unwrap_or(i64::MAX));
+        g.oldest_age_seconds.set(
+            health
+                .oldest_partition_age
+                .map_or(0, |a| a.as_secs() as i64),
+        );
+        g.ahead.set(i64::from(health.partitions_ahead));
+        let since_epoch = health
+            .last_maintenance
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        g.last_maintenance
+            .set(since_epoch.map_or(0, |d| d.as_secs() as i64));
     }
 
     /// The Prometheus text exposition (OpenMetrics flavour).

@@ -238,6 +238,14 @@ impl Store {
         })
     }
 
+    /// The partition maintenance's health, on the postgres backend.
+    pub fn partition_health(&self) -> Option<PartitionHealth> {
+        match &self.backend {
+            Dispatch::Postgres(store) => Some(store.health()),
+            _ => None,
+        }
+    }
+
     pub fn backend_name(&self) -> &'static str {
         match self.backend {
             Dispatch::Memory(_) => "memory",

@@ -57,6 +57,28 @@ async fn the_gate_runs_on_postgres_fails_closed_and_recovers() {
     assert_eq!(send("evt_pg").await.result(), "forwarded");
     assert_eq!(send("evt_pg").await.result(), "duplicate");
 
+    // Partition maintenance reports its health on /metrics.
+    let mut text = String::new();
+    for _ in 0..30 {
+        let m = gate::send(gate.admin_addr, Method::GET, "/metrics", &[], "").await;
+        text = String::from_utf8_lossy(&m.body).into_owned();
+        if text.contains("hookgate_postgres_partitions_ahead 3") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        text.contains("hookgate_postgres_partitions_ahead 3"),
+        "{text}"
+    );
+    let last = text
+        .lines()
+        .find_map(|l| l.strip_prefix("hookgate_postgres_last_maintenance_timestamp_seconds "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(last > 1.7e9, "maintenance ran: {last}");
+    assert!(text.contains("hookgate_store_operation_duration_seconds_count{backend=\"postgres\",operation=\"claim\"} 2"), "{text}");
+
     let get = keys(&path, "get", "evt_PG");
     let shown = String::from_utf8_lossy(&get.stdout);
     assert!(
