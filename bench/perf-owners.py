@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Where the gate's CPU went, from a `perf record --call-graph dwarf` profile.
+
+    perf script -i PROFILE.data -F comm,ip,sym,dso | bench/perf-owners.py
+
+Each sample is attributed once: first to the task it ran in (found by the
+frames nearest the root), then, inside the delivery task, to the first
+pipeline component met walking from the leaf up. A flat `perf report`
+spreads the same time over malloc, memmove and kernel frames instead.
+"""
+import collections
+import re
+import sys
+
+TASKS = [
+    ("delivery task", r"^hookgate::pipeline::deliver|^hookgate::pipeline::phases"),
+    ("inbound connection task (hyper server: parse request, write answer, socket I/O)",
+     r"^hookgate::server::serve::\{\{closure\}\}::\{\{closure\}\}"
+     r"|^<hyper_util::server::graceful::GracefulConnectionFuture"),
+    ("upstream connection task (hyper client: write request, parse answer, socket I/O)",
+     r"UpgradeableConnection"),
+    ("redis connection task (redis-rs multiplexer)", r"^<?redis::|^<?combine::"),
+    ("sqlite (blocking pool or store thread)",
+     r"BlockingTask<hookgate::store::sqlite|^hookgate::store::sqlite|^sqlite3|^<?rusqlite::"),
+]
+COMPONENTS = [
+    ("key + fingerprint (serde_json parse, canonical JSON, SHA-256)",
+     r"^hookgate::key::|^hookgate::pipeline::claim::identify|^<?serde_json::|^<&mut serde_json"),
+    ("signature check (HMAC-SHA256)",
+     r"^hookgate::provider::|^<?hmac::|^<?sha2::|^hookgate::secret::|^hookgate::pipeline::verify::"),
+    ("delivery log line (tracing JSON)",
+     r"^<?tracing_subscriber::|^<?tracing_core::|^<?tracing::|^hookgate::telemetry::"),
+    ("metrics (prometheus-client)", r"prometheus_client|^hookgate::metrics::"),
+    ("redis call (redis-rs, script, decode)", r"^<?redis::|^hookgate::store::redis::"),
+    ("sqlite call (hand-off to the blocking pool)",
+     r"^hookgate::store::sqlite::|^<?tokio::runtime::blocking"),
+    ("forward: build request, pooled client checkout, await answer",
+     r"^hookgate::pipeline::forward::|^hookgate::upstream::|^<?hyper_util::client::"
+     r"|^<?hyper::client::|^<?http::"),
+    ("finish: snapshot, mark, relay", r"^hookgate::pipeline::finish::"),
+    ("read body", r"^hookgate::pipeline::read::|^<?http_body_util::"),
+]
+TASKS = [(n, re.compile(p)) for n, p in TASKS]
+COMPONENTS = [(n, re.compile(p)) for n, p in COMPONENTS]
+
+
+def classify(syms):
+    task = next((n for n, p in TASKS if any(p.search(s) for s in syms)), None)
+    if task is None:
+        return "runtime: scheduler, I/O driver, timers, idle (no task frame)"
+    if task != "delivery task":
+        return task
+    for s in syms:
+        for name, pat in COMPONENTS:
+            if pat.search(s):
+                return "delivery: " + name
+    return "delivery: pipeline glue (allocation, headers, tokio)"
+
+
+def main():
+    counts = collections.Counter()
+    frames = []
+
+    def flush():
+        if frames:
+            syms = [f.split(None, 1)[1] if len(f.split(None, 1)) > 1 else f for f in frames]
+            counts[classify(syms)] += 1
+            frames.clear()
+
+    for line in sys.stdin:
+        if not line.strip():
+            flush()
+        elif line.startswith(("\t", " ")):
+            frames.append(line.strip())
+    flush()
+    total = sum(counts.values()) or 1
+    for name, n in counts.most_common():
+        print(f"| {name} | {100 * n / total:.1f}% |")
+    print(f"({total} samples)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The benchmark in one command: installs nginx and redis-server when missing
+# (Debian packages), builds the gate and the load generator in release mode,
+# then runs every row side by side on this machine and prints markdown
+# tables (docs/BENCHMARKS.md explains them).
+#
+#   bench/run.sh                  # the full run: about 4 minutes of rows
+#   bench/run.sh --smoke          # CI: every row for 1 s, no timing asserted
+#   bench/run.sh --duration 30 --only "sqlite fresh"   # one kind of row
+#   bench/run.sh --help           # every option of `hookgate-bench suite`
+#
+# Arguments go to `hookgate-bench suite`. The gate's stdout (one JSON line
+# per delivery, at the default `info` filter) goes to a file in the run's
+# temporary directory; `--gate-log-null` sends it to /dev/null instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+nginx_bin() {
+  command -v nginx 2>/dev/null || { [ -x /usr/sbin/nginx ] && echo /usr/sbin/nginx; }
+}
+
+missing=()
+nginx_bin >/dev/null || missing+=(nginx)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  # policy-rc.d may refuse to start the packaged service; the bench starts
+  # its own nginx on a free port either way.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+# Both builds share bench/target (the bench mirrors the gate's release
+# profile, so every dependency is compiled once) and leave target/ alone.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-bench/target}
+echo "building release binaries into $CARGO_TARGET_DIR" >&2
+cargo build --release --bin hookgate >&2
+cargo build --release --manifest-path bench/Cargo.toml >&2
+
+echo "hookgate $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' with local changes in src/'), $("$(nginx_bin)" -v 2>&1), $(redis-server --version | cut -d' ' -f1-3)" >&2
+exec "$CARGO_TARGET_DIR/release/hookgate-bench" suite \
+  --hookgate "$CARGO_TARGET_DIR/release/hookgate" \
+  --nginx "$(nginx_bin)" \
+  "$@"

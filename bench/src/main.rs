@@ -1,0 +1,245 @@
+//! hookgate's load generator and side-by-side benchmark.
+//!
+//! `hookgate-bench suite` starts an upstream, nginx, redis-server and one
+//! gate per row on loopback ports, drives each row with pre-signed Stripe
+//! deliveries, and prints markdown tables. `bench/run.sh` builds everything
+//! and runs it; see docs/BENCHMARKS.md.
+
+mod http1;
+mod load;
+mod report;
+mod requests;
+mod services;
+mod suite;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use crate::services::GateLog;
+use crate::suite::Options;
+
+#[derive(Parser)]
+#[command(about = "hookgate's load generator and side-by-side benchmark")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every row side by side and print the tables.
+    Suite(Box<SuiteArgs>),
+    /// Serve as the application: read the body, answer 200 {"ok":true}.
+    Upstream {
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Runtime threads (1: a single-threaded runtime).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+    },
+}
+
+#[derive(clap::Args)]
+struct SuiteArgs {
+    /// The gate's release binary.
+    #[arg(long, default_value = "target/release/hookgate")]
+    hookgate: PathBuf,
+    /// A second gate binary, e.g. a proposed change: every gate row also
+    /// runs with it, side by side in the same run, marked "candidate".
+    #[arg(long)]
+    candidate: Option<PathBuf>,
+    #[arg(long, default_value = "nginx")]
+    nginx: PathBuf,
+    #[arg(long, default_value = "redis-server")]
+    redis: PathBuf,
+    /// Seconds measured per row.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seconds sent before measuring, per row.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Closed-loop connections of the throughput rows.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Closed-loop connections of the peak-RSS rows.
+    #[arg(long, default_value_t = 256)]
+    rss_connections: usize,
+    /// Open-loop rate of the added-latency rows, requests per second.
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Connections of the open-loop rows.
+    #[arg(long, default_value_t = 16)]
+    rate_connections: usize,
+    /// The load generator's runtime threads (1: single-threaded).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// The upstream's runtime threads (1: single-threaded).
+    #[arg(long, default_value_t = 1)]
+    upstream_threads: usize,
+    /// Events sent once before a duplicate or mixed row, then replayed.
+    #[arg(long, default_value_t = 10_000)]
+    dup_set: usize,
+    /// Fresh events signed per second of a closed-loop row (a row that
+    /// uses them all ends early and says so).
+    #[arg(long, default_value_t = 30_000.0)]
+    max_rate: f64,
+    /// Only the rows whose label contains this (repeatable), e.g.
+    /// "sqlite fresh c64", "nginx", "@1000".
+    #[arg(long)]
+    only: Vec<String>,
+    /// Send the gate's stdout (one JSON line per delivery) to /dev/null
+    /// instead of a file in the run's directory.
+    #[arg(long)]
+    gate_log_null: bool,
+    /// An environment variable for every gate, NAME=VALUE (repeatable), e.g.
+    /// RUST_LOG=warn to measure without the per-delivery log line. By
+    /// default the gate gets no RUST_LOG and no HOOKGATE_* variable.
+    #[arg(long, value_name = "NAME=VALUE")]
+    gate_env: Vec<String>,
+    /// Record `perf` profiles of the gate rows into this directory.
+    #[arg(long)]
+    perf: Option<PathBuf>,
+    /// Arguments for `perf record`.
+    #[arg(long, default_value = "-F 999 -g")]
+    perf_args: String,
+    /// Keep the run's directory (configs, logs, databases) and print it.
+    #[arg(long)]
+    keep: bool,
+    /// Also write the tables to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// A few seconds in all: every row for 1 s, fail only if a row got no
+    /// answers or more than 1% errors. For CI; asserts no timing.
+    #[arg(long)]
+    smoke: bool,
+}
+
+fn main() -> ExitCode {
+    match Cli::parse().command {
+        Command::Upstream { listen, threads } => match upstream::serve(listen, threads) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("upstream: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Suite(args) => suite_main(*args),
+    }
+}
+
+fn suite_main(a: SuiteArgs) -> ExitCode {
+    let (duration, warmup, dup_set) = if a.smoke {
+        (1.0, 0.2, a.dup_set.min(200))
+    } else {
+        (a.duration, a.warmup, a.dup_set)
+    };
+    let options = Options {
+        hookgate: a.hookgate,
+        candidate: a.candidate,
+        nginx: a.nginx,
+        redis: a.redis,
+        duration: Duration::from_secs_f64(duration),
+        warmup: Duration::from_secs_f64(warmup),
+        connections: a.connections,
+        rss_connections: a.rss_connections,
+        rate: a.rate,
+        rate_connections: a.rate_connections,
+        threads: a.threads,
+        upstream_threads: a.upstream_threads,
+        dup_set,
+        max_rate: a.max_rate,
+        only: a.only,
+        gate_log: if a.gate_log_null {
+            GateLog::Null
+        } else {
+            GateLog::File
+        },
+        gate_env: a
+            .gate_env
+            .iter()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        perf: a.perf,
+        perf_args: a.perf_args,
+    };
+    if !options.hookgate.is_file() {
+        eprintln!(
+            "no gate binary at {} (build it: cargo build --release)",
+            options.hookgate.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    if let Some(dir) = &options.perf
+        && let Err(e) = std::fs::create_dir_all(dir)
+    {
+        eprintln!("cannot create {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    let dir = match tempfile::Builder::new().prefix("hookgate-bench-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("cannot create a temporary directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let rows = suite::rows(&options);
+    let machine = report::machine();
+    eprintln!("machine: {machine}");
+    eprintln!("run directory: {}", dir.path().display());
+    let results = suite::run(&options, &rows, dir.path());
+    let load_after = report::load_average();
+    if a.keep {
+        eprintln!("kept {}", dir.keep().display());
+    }
+    let results = match results {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("bench failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut text = format!(
+        "Machine: {machine}; load average after the run {load_after}.\n\
+         Each row: {warmup} s warm-up, then {duration} s measured. Load generator: \
+         {} runtime thread(s); upstream: {} thread(s). Latencies in milliseconds.\n\n",
+        options.threads, options.upstream_threads
+    );
+    text.push_str(&report::throughput(&results));
+    text.push('\n');
+    text.push_str(&report::cpu(&results));
+    if results
+        .iter()
+        .any(|m| matches!(m.row.pacing, load::Pacing::Open(_)))
+    {
+        text.push('\n');
+        text.push_str(&report::latency(&results));
+    }
+    text.push('\n');
+    text.push_str(&report::targets(&results, &options));
+    println!("{text}");
+    if let Some(out) = &a.out
+        && let Err(e) = std::fs::write(out, &text)
+    {
+        eprintln!("cannot write {}: {e}", out.display());
+        return ExitCode::FAILURE;
+    }
+    let broken: Vec<_> = results
+        .iter()
+        .filter(|m| {
+            m.outcome.completed == 0 || (a.smoke && m.outcome.errors * 100 > m.outcome.completed)
+        })
+        .map(|m| suite::label(&m.row))
+        .collect();
+    if broken.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("rows without answers or with errors: {}", broken.join(", "));
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,450 @@
+//! The processes a run starts: the upstream, nginx, redis-server and one
+//! gate per row, each on a free loopback port, each stopped (SIGTERM, then
+//! SIGKILL) when dropped.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::requests::{PATH, SECRET};
+
+const READY_WITHIN: Duration = Duration::from_secs(20);
+
+/// A child process serving on `port`.
+pub struct Service {
+    pub name: String,
+    pub port: u16,
+    /// The gate's admin listener (`/metrics`).
+    pub admin: Option<u16>,
+    child: Child,
+}
+
+impl Service {
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The process's peak resident set (`VmHWM`), in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// The file-backed part of the resident set now (`RssFile`: mostly the
+    /// executable's own code, mapped from the page cache), in KiB.
+    pub fn file_rss_kib(&self) -> Option<u64> {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssFile:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    fn spawn(name: &str, port: u16, command: &mut Command, log: &Path) -> io::Result<Self> {
+        let out = fs::File::create(log)?;
+        let err = out.try_clone()?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot start {name} ({command:?}): {e}"))
+            })?;
+        Ok(Self {
+            name: name.to_owned(),
+            port,
+            admin: None,
+            child,
+        })
+    }
+
+    /// Waits until `probe` succeeds; fails if the process exits or the
+    /// wait runs out, naming the log to read.
+    fn wait_ready(&mut self, log: &Path, probe: impl Fn(SocketAddr) -> bool) -> io::Result<()> {
+        let deadline = Instant::now() + READY_WITHIN;
+        loop {
+            if probe(self.addr()) {
+                return Ok(());
+            }
+            if let Some(status) = self.child.try_wait()? {
+                return Err(io::Error::other(format!(
+                    "{} exited ({status}) before it was ready; see {}",
+                    self.name,
+                    log.display()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "{} not ready within {READY_WITHIN:?}; see {}",
+                    self.name,
+                    log.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM (the gate and nginx shut down gracefully), SIGKILL after 10 s.
+    pub fn stop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// This binary's `upstream` subcommand.
+pub fn upstream(dir: &Path, threads: usize) -> io::Result<Service> {
+    let port = free_port()?;
+    let log = dir.join("upstream.log");
+    let mut service = Service::spawn(
+        "upstream",
+        port,
+        Command::new(std::env::current_exe()?).args([
+            "upstream",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--threads",
+            &threads.to_string(),
+        ]),
+        &log,
+    )?;
+    service.wait_ready(&log, |a| get(a, "/", "127.0.0.1") == Some(200))?;
+    Ok(service)
+}
+
+/// nginx as a plain reverse proxy to the upstream: `proxy_pass` with
+/// keep-alive connections on both sides, no access log, one worker per
+/// core (`worker_processes auto`), like the gate's one runtime thread per core.
+pub fn nginx(bin: &Path, dir: &Path, upstream: u16) -> io::Result<Service> {
+    let port = free_port()?;
+    let prefix = dir.join("nginx");
+    fs::create_dir_all(&prefix)?;
+    let conf = prefix.join("nginx.conf");
+    fs::write(&conf, nginx_conf(&prefix, port, upstream))?;
+    let log = dir.join("nginx.log");
+    let mut service = Service::spawn(
+        "nginx",
+        port,
+        Command::new(bin)
+            .arg("-p")
+            .arg(&prefix)
+            .arg("-c")
+            .arg(&conf)
+            .args(["-e", "stderr"]),
+        &log,
+    )?;
+    service.wait_ready(&log, |a| get(a, "/", "127.0.0.1") == Some(200))?;
+    Ok(service)
+}
+
+fn nginx_conf(prefix: &Path, port: u16, upstream: u16) -> String {
+    let p = prefix.display();
+    format!(
+        "daemon off;
+worker_processes auto;
+pid {p}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {p}/body;
+    proxy_temp_path {p}/proxy;
+    fastcgi_temp_path {p}/fastcgi;
+    uwsgi_temp_path {p}/uwsgi;
+    scgi_temp_path {p}/scgi;
+    keepalive_requests 100000000;
+    upstream app {{
+        server 127.0.0.1:{upstream};
+        keepalive 512;
+        keepalive_requests 100000000;
+    }}
+    server {{
+        listen 127.0.0.1:{port} backlog=4096;
+        location / {{
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }}
+    }}
+}}
+"
+    )
+}
+
+/// redis-server without persistence (no RDB snapshots, no AOF): the rows
+/// measure the gate, not the disk.
+pub fn redis(bin: &Path, dir: &Path) -> io::Result<Service> {
+    let port = free_port()?;
+    let data = dir.join("redis");
+    fs::create_dir_all(&data)?;
+    let log = dir.join("redis.log");
+    let mut service = Service::spawn(
+        "redis-server",
+        port,
+        Command::new(bin)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(&data),
+        &log,
+    )?;
+    service.wait_ready(&log, redis_pong)?;
+    Ok(service)
+}
+
+fn redis_pong(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut buf = [0u8; 16];
+    s.write_all(b"PING\r\n").is_ok()
+        && s.read(&mut buf)
+            .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+}
+
+/// Where a gate keeps its dedupe state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    Redis,
+    Sqlite,
+}
+
+impl Store {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// Where the gate's stdout (one JSON line per delivery) goes.
+#[derive(Clone, Debug)]
+pub enum GateLog {
+    File,
+    Null,
+}
+
+/// A gate with a fresh store (a new sqlite file, or a new key prefix in the
+/// shared redis), the upstream behind it, and the secret in a file.
+#[allow(clippy::too_many_arguments)]
+pub fn hookgate(
+    bin: &Path,
+    dir: &Path,
+    tag: &str,
+    store: Store,
+    redis: Option<&Service>,
+    upstream: u16,
+    log: &GateLog,
+    env: &[(String, String)],
+) -> io::Result<Service> {
+    let port = free_port()?;
+    let admin = free_port()?;
+    let secret = dir.join("stripe.secret");
+    fs::write(&secret, SECRET)?;
+    let store_section = match (store, redis) {
+        (Store::Sqlite, _) => format!(
+            "backend = \"sqlite\"\npath = \"{}\"\n",
+            dir.join(format!("{tag}.db")).display()
+        ),
+        (Store::Redis, Some(redis)) => format!(
+            "backend = \"redis\"\nurl = \"redis://127.0.0.1:{}/0\"\nprefix = \"bench-{tag}\"\n",
+            redis.port
+        ),
+        (Store::Redis, None) => return Err(io::Error::other("a redis row needs redis-server")),
+    };
+    let config = format!(
+        "[server]
+listen = \"127.0.0.1:{port}\"
+admin_listen = \"127.0.0.1:{admin}\"
+
+[upstream]
+url = \"http://127.0.0.1:{upstream}\"
+
+[store]
+{store_section}
+[providers.stripe]
+scheme = \"stripe\"
+path = \"{PATH}\"
+secrets = [\"file:{secret}\"]
+# Requests are signed before the run starts; a long run must not go stale.
+tolerance = \"1h\"
+",
+        secret = secret.display()
+    );
+    let conf = dir.join(format!("{tag}.toml"));
+    fs::write(&conf, config)?;
+    let log_path = match log {
+        GateLog::File => dir.join(format!("{tag}.log")),
+        GateLog::Null => PathBuf::from("/dev/null"),
+    };
+    let mut command = Command::new(bin);
+    command.arg("run").arg("--config").arg(&conf);
+    // The file above is the whole configuration: no HOOKGATE_* override,
+    // and the default log filter (info: one line per delivery).
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("HOOKGATE_") || key == "RUST_LOG" {
+            command.env_remove(key);
+        }
+    }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
+    let mut service = Service::spawn(&format!("hookgate ({tag})"), port, &mut command, &log_path)?;
+    let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin));
+    service.wait_ready(&log_path, |_| {
+        get(admin_addr, "/readyz", "127.0.0.1") == Some(200)
+    })?;
+    service.admin = Some(admin);
+    Ok(service)
+}
+
+/// The gate's `/metrics` text, kept beside each row's log: its store and
+/// upstream histograms tell where a row's time went.
+pub fn save_metrics(gate: &Service, to: &Path) -> io::Result<()> {
+    let admin = gate.admin.ok_or_else(|| io::Error::other("not a gate"))?;
+    let mut s = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], admin)))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    fs::write(to, body)
+}
+
+/// A blocking GET; the status, or `None` when nothing answered.
+fn get(addr: SocketAddr, path: &str, host: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).ok()?;
+    let text = std::str::from_utf8(&head[..n]).ok()?;
+    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+/// `perf record` attached to a process until dropped (SIGINT ends it and
+/// writes the file).
+pub struct Profiler(Child);
+
+impl Profiler {
+    pub fn attach(pid: u32, out: &Path, extra: &str) -> io::Result<Self> {
+        let mut command = Command::new("perf");
+        command.arg("record").arg("-o").arg(out);
+        command.args(extra.split_whitespace());
+        command.args(["-p", &pid.to_string()]);
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        // perf needs a moment to attach to every thread.
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+/// CPU time (user + system, every thread) of a process, and of its worker
+/// processes when it is nginx's master, in seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let workers = match comm.trim() == "nginx" {
+        true => children(pid),
+        false => Vec::new(),
+    };
+    let ticks: u64 = std::iter::once(pid)
+        .chain(workers)
+        .filter_map(stat_ticks)
+        .sum();
+    ticks as f64 / clock_ticks()
+}
+
+/// utime + stime from `/proc/PID/stat`.
+fn stat_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which may hold spaces: state is
+    // field 3 of proc(5), utime 14 and stime 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let ppid = s.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+                    ppid.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
