@@ -48,6 +48,7 @@ impl Gate {
             Some(files) => Some(ReloadingCert::load(files.clone())?),
             None => None,
         };
+        let metrics = Metrics::new(&settings.telemetry)?;
         let store = Store::open(&settings.store).await?;
         if store.backend_name() == "memory" {
             tracing::warn!("store.backend = \"memory\": a restart forgets every key");
@@ -80,7 +81,7 @@ impl Gate {
             providers,
             routes,
             store,
-            metrics: Metrics::new(),
+            metrics,
             source_limit: settings_source_limit,
             inflight: Mutex::default(),
         });

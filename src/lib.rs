@@ -47,6 +47,8 @@ pub enum StartError {
     Store(#[from] store::StoreError),
     #[error("TLS: {0}")]
     Tls(#[from] tls::TlsError),
+    #[error(transparent)]
+    Telemetry(#[from] metrics::OtlpError),
 }
 
 /// A running gate: its bound addresses and the means to stop it.
@@ -73,6 +75,7 @@ impl Running {
                 "grace elapsed: released the claims of unfinished deliveries"
             );
         }
+        self.gate.metrics.shutdown().await;
     }
 }
 

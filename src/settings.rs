@@ -21,7 +21,22 @@ pub struct Settings {
     pub upstream: UpstreamSettings,
     pub store: StoreSettings,
     pub dedupe: DedupeSettings,
+    pub telemetry: TelemetrySettings,
     pub providers: Vec<ProviderSettings>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct TelemetrySettings {
+    /// OTLP export of the metrics, besides `/metrics`.
+    pub otlp: Option<OtlpSettings>,
+}
+
+#[derive(Clone, Debug)]
+pub struct OtlpSettings {
+    /// The full metrics URL (`.../v1/metrics`).
+    pub endpoint: Uri,
+    pub interval: Duration,
+    pub timeout: Duration,
 }
 
 #[derive(Clone, Debug)]

@@ -16,8 +16,8 @@ use crate::provider::{Algorithm, Encoding, HmacScheme, Scheme, Template, TwilioS
 use crate::ratelimit::Rate;
 use crate::secret::{SecretSource, SecretSpec};
 use crate::settings::{
-    DedupeSettings, FingerprintMode, OnMismatch, OnMissingKey, ProviderSettings, ServerSettings,
-    Settings, UpstreamSettings,
+    DedupeSettings, FingerprintMode, OnMismatch, OnMissingKey, OtlpSettings, ProviderSettings,
+    ServerSettings, Settings, TelemetrySettings, UpstreamSettings,
 };
 use crate::store::{BackendSettings, StoreSettings};
 use crate::tls::TlsFiles;
@@ -128,6 +128,15 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
         );
     }
 
+    let t = &file.telemetry;
+    let telemetry = TelemetrySettings {
+        otlp: t.otlp_endpoint.as_deref().map(|endpoint| OtlpSettings {
+            endpoint: otlp_endpoint(i, endpoint),
+            interval: duration(i, "telemetry.otlp_interval", &t.otlp_interval),
+            timeout: duration(i, "telemetry.otlp_timeout", &t.otlp_timeout),
+        }),
+    };
+
     let providers = providers(i, &file.providers, &dedupe);
     if let BackendSettings::Postgres { retention, .. } = &mut store.backend {
         *retention = providers
@@ -142,6 +151,7 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
             upstream,
             store,
             dedupe,
+            telemetry,
             providers,
         })
     } else {
@@ -462,6 +472,31 @@ fn header(i: &mut Issues, at: &str, name: &str) -> Option<HeaderName> {
     HeaderName::try_from(name)
         .map_err(|_| i.push(at, format!("`{name}` is not a valid header name")))
         .ok()
+}
+
+/// An OTLP/HTTP collector URL. As with `OTEL_EXPORTER_OTLP_ENDPOINT`, a
+/// base URL gets the metrics path `/v1/metrics`; a URL with a path is used
+/// as it is.
+fn otlp_endpoint(i: &mut Issues, text: &str) -> Uri {
+    match text.parse::<Uri>() {
+        Ok(uri)
+            if matches!(uri.scheme_str(), Some("http" | "https")) && uri.authority().is_some() =>
+        {
+            if uri.path() != "/" {
+                return uri;
+            }
+            let mut parts = uri.into_parts();
+            parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/v1/metrics"));
+            Uri::from_parts(parts).unwrap_or_else(|_| Uri::from_static("http://127.0.0.1:4318"))
+        }
+        _ => {
+            i.push(
+                "telemetry.otlp_endpoint",
+                format!("`{text}` is not a URL like http://otel-collector:4318"),
+            );
+            Uri::from_static("http://127.0.0.1:4318/v1/metrics")
+        }
+    }
 }
 
 fn upstream_url(i: &mut Issues, text: &str) -> Uri {

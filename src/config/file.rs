@@ -74,6 +74,26 @@ impl Default for UpstreamFile {
     }
 }
 
+/// `[telemetry]`: where metrics go besides `/metrics`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryFile {
+    /// An OTLP/HTTP collector, e.g. `http://otel-collector:4318`.
+    pub otlp_endpoint: Option<String>,
+    pub otlp_interval: String,
+    pub otlp_timeout: String,
+}
+
+impl Default for TelemetryFile {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            otlp_interval: "60s".into(),
+            otlp_timeout: "10s".into(),
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {

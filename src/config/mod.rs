@@ -15,7 +15,7 @@ use figment::providers::{Env, Format, Toml};
 use figment::value::Value;
 use serde::de::DeserializeOwned;
 
-use self::file::{ProviderFile, ServerFile, StoreFile, UpstreamFile};
+use self::file::{ProviderFile, ServerFile, StoreFile, TelemetryFile, UpstreamFile};
 use crate::settings::Settings;
 
 /// One problem with the configuration, tied to the key it concerns.
@@ -85,10 +85,11 @@ pub struct ConfigFile {
     pub server: ServerFile,
     pub upstream: UpstreamFile,
     pub store: StoreFile,
+    pub telemetry: TelemetryFile,
     pub providers: BTreeMap<String, ProviderFile>,
 }
 
-const SECTIONS: [&str; 4] = ["server", "upstream", "store", "providers"];
+const SECTIONS: [&str; 5] = ["server", "upstream", "store", "telemetry", "providers"];
 
 /// Reads every section, collecting every error; a section that does not
 /// read is replaced by its defaults so that validation can go on.
@@ -107,6 +108,7 @@ fn read(figment: &Figment, issues: &mut Issues) -> Option<ConfigFile> {
         server: section(figment, &top, "server", issues),
         upstream: section(figment, &top, "upstream", issues),
         store: section(figment, &top, "store", issues),
+        telemetry: section(figment, &top, "telemetry", issues),
         providers: BTreeMap::new(),
     };
     if let Some(providers) = top.get("providers") {

@@ -137,6 +137,40 @@ fn postgres_needs_a_postgres_url_and_keeps_the_longest_retention() {
 }
 
 #[test]
+fn otlp_export_is_off_by_default_and_takes_a_collector_url() {
+    let s = load(&figment_from_str(STRIPE)).unwrap();
+    assert!(s.telemetry.otlp.is_none());
+
+    let with = |endpoint: &str| {
+        let toml = format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\n{STRIPE}");
+        let s = load(&figment_from_str(&toml)).unwrap();
+        let otlp = s.telemetry.otlp.unwrap();
+        assert_eq!(otlp.interval, Duration::from_secs(60));
+        otlp.endpoint.to_string()
+    };
+    assert_eq!(
+        with("http://collector:4318"),
+        "http://collector:4318/v1/metrics"
+    );
+    assert_eq!(
+        with("https://otel.example/custom/path"),
+        "https://otel.example/custom/path"
+    );
+
+    let errs = errors(&format!(
+        "[telemetry]\notlp_endpoint = \"collector:4318\"\notlp_interval = \"often\"\n{STRIPE}"
+    ));
+    let text = errors_text(&errs);
+    assert!(
+        text.contains("telemetry.otlp_endpoint: `collector:4318` is not a URL"),
+        "{text}"
+    );
+    assert!(text.contains("telemetry.otlp_interval: `often`"), "{text}");
+    let errs = errors(&format!("[telemetry]\nmystery = 1\n{STRIPE}"));
+    assert!(errors_text(&errs).contains("telemetry.mystery"), "{errs:?}");
+}
+
+#[test]
 fn secret_tables_take_not_after() {
     let s = load(&figment_from_str(
         r#"

@@ -9,6 +9,7 @@ mod forwarding;
 mod fuzz_corpus;
 mod malformed;
 mod operate;
+mod otlp;
 mod schemes;
 mod secrets;
 mod store_conformance;

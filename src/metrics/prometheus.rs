@@ -1,11 +1,10 @@
-//! Metrics of SPEC section 6, exported in the Prometheus text format on the
-//! admin listener's `/metrics`.
+//! The Prometheus text exposition on the admin listener's `/metrics`.
 //!
 //! Built on `prometheus-client`, the Prometheus project's own Rust client:
-//! OpenTelemetry's Prometheus exporter is discontinued (its last releases
-//! depend on an unmaintained protobuf crate and its maintainers recommend
-//! against it). Labels are bounded: `provider` is a configured name, and
-//! `outcome`, `operation` and `backend` come from fixed sets of codes.
+//! OpenTelemetry's Prometheus exporter is deprecated (its releases depend on
+//! the unmaintained `prometheus` crate and its maintainers recommend OTLP
+//! instead), so OTLP export (`otlp.rs`) uses the OpenTelemetry SDK and the
+//! scrape endpoint uses this.
 
 use std::time::Duration;
 
@@ -13,8 +12,11 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+
+use super::{LATENCY_BUCKETS, Recorder};
+use crate::store::PartitionHealth;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeliveryLabels {
@@ -41,8 +43,8 @@ struct SecretLabels {
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
-/// Every instrument the gate records into.
-pub struct Metrics {
+/// The instruments behind `/metrics`.
+pub struct Prometheus {
     registry: Registry,
     deliveries: Family<DeliveryLabels, Counter>,
     request_duration: Histograms<DeliveryLabels>,
@@ -63,18 +65,17 @@ struct PartitionGauges {
     last_maintenance: Gauge,
 }
 
-/// Latency buckets from 0.25 ms to about 16 s.
 fn latency() -> Histogram {
-    Histogram::new(exponential_buckets(0.000_25, 2.0, 17))
+    Histogram::new(LATENCY_BUCKETS.iter().copied())
 }
 
-impl Default for Metrics {
+impl Default for Prometheus {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Metrics {
+impl Prometheus {
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let deliveries = Family::default();
@@ -147,8 +148,17 @@ impl Metrics {
         }
     }
 
-    /// Counts a finished delivery and its duration.
-    pub fn delivery(&self, provider: &str, outcome: &'static str, elapsed: Duration) {
+    /// The Prometheus text exposition (OpenMetrics flavour).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Recorder for Prometheus {
+    fn delivery(&self, provider: &str, outcome: &'static str, elapsed: Duration) {
         let labels = DeliveryLabels {
             provider: provider.to_owned(),
             outcome,
@@ -159,7 +169,7 @@ impl Metrics {
         self.deliveries.get_or_create(&labels).inc();
     }
 
-    pub fn secret_match(&self, provider: &str, index: usize) {
+    fn secret_match(&self, provider: &str, index: usize) {
         self.secret_matches
             .get_or_create(&SecretLabels {
                 provider: provider.to_owned(),
@@ -168,7 +178,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn upstream(&self, provider: &str, elapsed: Duration) {
+    fn upstream(&self, provider: &str, elapsed: Duration) {
         self.upstream_duration
             .get_or_create(&ProviderLabels {
                 provider: provider.to_owned(),
@@ -176,13 +186,13 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    pub fn store(&self, backend: &'static str, operation: &'static str, elapsed: Duration) {
+    fn store(&self, backend: &'static str, operation: &'static str, elapsed: Duration) {
         self.store_duration
             .get_or_create(&StoreLabels { backend, operation })
             .observe(elapsed.as_secs_f64());
     }
 
-    pub fn mark_retry(&self, provider: &str) {
+    fn mark_retry(&self, provider: &str) {
         self.mark_retries
             .get_or_create(&ProviderLabels {
                 provider: provider.to_owned(),
@@ -190,8 +200,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Records the postgres store's partition health.
-    pub fn partition_health(&self, health: &crate::store::PartitionHealth) {
+    fn partition_health(&self, health: &PartitionHealth) {
         let g = &self.partitions;
         g.estimated_rows
             .set(i64::try_from(health.estimated_rows).unwrap_or(i64::MAX));
@@ -207,14 +216,6 @@ impl Metrics {
         g.last_maintenance
             .set(since_epoch.map_or(0, |d| d.as_secs() as i64));
     }
-
-    /// The Prometheus text exposition (OpenMetrics flavour).
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
-    }
 }
 
 #[cfg(test)]
@@ -223,7 +224,7 @@ mod tests {
 
     #[test]
     fn names_and_labels_match_the_contract() {
-        let m = Metrics::new();
+        let m = Prometheus::new();
         m.delivery("stripe", "forwarded", Duration::from_millis(3));
         m.secret_match("stripe", 1);
         m.mark_retry("stripe");
