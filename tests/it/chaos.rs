@@ -2,12 +2,13 @@
 //!
 //! Thousands of events (a few hundred in CI), each delivered as several
 //! copies in random order by many concurrent senders, across three real
-//! `hookgate run` processes sharing one redis-server with append-only
-//! persistence. Each sender behaves like a provider: it retries every
-//! non-2xx answer (and every broken connection) with backoff, on any
-//! instance. Meanwhile the app fails 10% of calls and stalls past the
-//! gate's timeout on some, redis-server is killed and restarted, and one
-//! gate instance is SIGKILLed and restarted.
+//! `hookgate run` processes sharing one store: a redis-server with
+//! append-only persistence, or a PostgreSQL. The run is the same for both;
+//! the store is a parameter (`Store`). Each sender behaves like a provider:
+//! it retries every non-2xx answer (and every broken connection) with
+//! backoff, on any instance. Meanwhile the app fails 10% of calls and stalls
+//! past the gate's timeout on some, the store's server is killed and
+//! restarted on its data, and one gate instance is SIGKILLed and restarted.
 //!
 //! Afterwards every event must have been answered 2xx by the app exactly
 //! once. The one allowed exception is the documented at-least-once boundary:
@@ -37,6 +38,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::cli::Child;
 use crate::support::gate::{SECRET, secret_file, signed, stripe_event};
+use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_server::RedisServer;
 use crate::support::upstream::{Behavior, Upstream};
 
@@ -52,6 +54,53 @@ const STALL: Duration = Duration::from_millis(1500);
 const LEASE: &str = "3s";
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// The store the gates share, and the crash it takes mid-run.
+enum Store {
+    /// AOF with `appendfsync always`; killed with SIGKILL.
+    Redis(RedisServer),
+    /// Stopped with `pg_ctl -m immediate` (no checkpoint: crash recovery at
+    /// restart), synchronous commit on.
+    Postgres(PostgresServer),
+}
+
+impl Store {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "redis",
+            Self::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The gates' `[store]` section. The URL survives `restart` (same port).
+    /// Postgres gets a longer operation timeout: a new connection is a TCP
+    /// handshake plus a backend fork, on a loaded machine.
+    fn config_section(&self) -> String {
+        let (backend, url, timeout) = match self {
+            Self::Redis(r) => ("redis", r.url(), "500ms"),
+            Self::Postgres(p) => ("postgres", p.url(), "1s"),
+        };
+        format!(
+            "[store]\nbackend = \"{backend}\"\nurl = \"{url}\"\nlease = \"{LEASE}\"\ntimeout = \"{timeout}\"\n"
+        )
+    }
+
+    /// Takes the server away at once, its data kept on disk.
+    fn kill(&mut self) {
+        match self {
+            Self::Redis(r) => r.kill(),
+            Self::Postgres(p) => p.kill(),
+        }
+    }
+
+    /// Brings it back on the same port and data; returns once it answers.
+    fn restart(&mut self) {
+        match self {
+            Self::Redis(r) => r.restart(),
+            Self::Postgres(p) => p.restart(),
+        }
+    }
+}
 
 /// What one sender saw on one attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,12 +161,12 @@ impl Rng {
     }
 }
 
-fn write_config(dir: &Path, instance: usize, upstream: &str, redis: &str) -> std::path::PathBuf {
+fn write_config(dir: &Path, instance: usize, upstream: &str, store: &str) -> std::path::PathBuf {
     let secret = secret_file(dir, "stripe_secret", SECRET);
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"2s\"\n\
          [upstream]\nurl = \"{upstream}/i{instance}\"\ntimeout = \"{UPSTREAM_TIMEOUT}\"\n\
-         [store]\nbackend = \"redis\"\nurl = \"{redis}\"\nlease = \"{LEASE}\"\ntimeout = \"500ms\"\n\
+         {store}\
          [providers.stripe]\nscheme = \"stripe\"\npath = \"/webhooks/stripe\"\nsecrets = [\"{secret}\"]\n"
     );
     let path = dir.join(format!("gate{instance}.toml"));
@@ -186,16 +235,34 @@ async fn deliver(
     false
 }
 
+/// On redis (AOF, fsync always), SIGKILLed mid-run. The name predates the
+/// postgres run; kept, so filters and links to it keep working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_event_reaches_the_app_exactly_once_through_faults() {
+    exactly_once(|| Store::Redis(RedisServer::start_with_aof())).await;
+}
+
+/// On PostgreSQL: the same run, the server stopped immediately mid-run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_on_postgres() {
+    exactly_once(|| Store::Postgres(PostgresServer::start())).await;
+}
+
+/// The whole run against the store `start` starts: the gates on it, every
+/// copy delivered through the faults, then what the app answered 2xx, per
+/// event, judged.
+async fn exactly_once(start: impl FnOnce() -> Store + Send + 'static) {
     let events = env_usize("CHAOS_EVENTS", 300);
     let copies = env_usize("CHAOS_COPIES", 3);
     let clients = env_usize("CHAOS_CLIENTS", 32);
     let started = Instant::now();
 
     let dir = tempfile::tempdir().unwrap();
-    let redis = Arc::new(Mutex::new(RedisServer::start_with_aof()));
-    let redis_url = redis.lock().unwrap().url();
+    // Blocking: initdb takes a while.
+    let store = tokio::task::spawn_blocking(start).await.unwrap();
+    let backend = store.name();
+    let store_section = store.config_section();
+    let store = Arc::new(Mutex::new(store));
     let up = Upstream::start().await;
     up.set(Behavior::Random {
         fail_percent: 10,
@@ -206,7 +273,8 @@ async fn every_event_reaches_the_app_exactly_once_through_faults() {
     let mut children = Vec::new();
     let mut instances = Vec::new();
     for g in 0..GATES {
-        let (child, addr) = spawn_gate(write_config(dir.path(), g, &up.url(), &redis_url)).await;
+        let (child, addr) =
+            spawn_gate(write_config(dir.path(), g, &up.url(), &store_section)).await;
         children.push(Some(child));
         instances.push(Instance { addr });
     }
@@ -268,16 +336,16 @@ async fn every_event_reaches_the_app_exactly_once_through_faults() {
         }
     };
     wait_for(0.25).await;
-    let r = Arc::clone(&redis);
-    tokio::task::spawn_blocking(move || r.lock().unwrap().kill())
+    let s = Arc::clone(&store);
+    tokio::task::spawn_blocking(move || s.lock().unwrap().kill())
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let r = Arc::clone(&redis);
-    tokio::task::spawn_blocking(move || r.lock().unwrap().restart())
+    let s = Arc::clone(&store);
+    tokio::task::spawn_blocking(move || s.lock().unwrap().restart())
         .await
         .unwrap();
-    let redis_restarted_at = done.load(Ordering::Relaxed);
+    let store_restarted_at = done.load(Ordering::Relaxed);
 
     wait_for(0.45).await;
     let victim = children[VICTIM].take().unwrap();
@@ -288,7 +356,8 @@ async fn every_event_reaches_the_app_exactly_once_through_faults() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let reborn = GATES; // the restarted process is instance 3
-    let (child, addr) = spawn_gate(write_config(dir.path(), reborn, &up.url(), &redis_url)).await;
+    let (child, addr) =
+        spawn_gate(write_config(dir.path(), reborn, &up.url(), &store_section)).await;
     children.push(Some(child));
     cluster.instances.lock().unwrap().push(Instance { addr });
     cluster.slots.lock().unwrap()[VICTIM] = reborn;
@@ -354,6 +423,7 @@ async fn every_event_reaches_the_app_exactly_once_through_faults() {
     }
     let count = |f: &dyn Fn(&Attempt) -> bool| attempts.iter().filter(|a| f(a)).count();
     let figures = serde_json::json!({
+        "store": backend,
         "events": events,
         "copies_per_event": copies,
         "deliveries": total,
@@ -369,7 +439,7 @@ async fn every_event_reaches_the_app_exactly_once_through_faults() {
         "app_calls": received.len(),
         "app_calls_failed_500": injected_500,
         "app_calls_stalled_past_timeout": injected_stall,
-        "redis_killed_and_restarted_at_delivery": redis_restarted_at,
+        "store_killed_and_restarted_at_delivery": store_restarted_at,
         "gate_sigkilled_at_delivery": killed_at,
         "app_calls_before_sigkill": calls_before_kill,
         "victim_log_lines": victim_log.len(),
@@ -395,5 +465,11 @@ async fn every_event_reaches_the_app_exactly_once_through_faults() {
         "doubled {} > cut off {cut_off}\n{figures}",
         doubled.len()
     );
+    // The faults happened: the app failed and stalled, and the senders met
+    // the store's outage.
     assert!(injected_500 > 0 && injected_stall > 0, "{figures}");
+    assert!(
+        count(&|a| a.seen == Seen::Status(503)) > 0,
+        "no 503 while the store was down\n{figures}"
+    );
 }
