@@ -1,16 +1,22 @@
 //! The sqlite backend: an embedded, durable file, the default for a single
 //! replica. Keys survive restarts; expired rows are purged in the background.
 //!
-//! rusqlite is synchronous, so every operation runs on tokio's blocking pool
-//! with the one connection behind a mutex. Timestamps are unix milliseconds.
+//! rusqlite is synchronous: every operation runs on the store's own thread,
+//! which owns the serving connection (`store_thread`), and WAL checkpoints
+//! run on a second thread with a connection of their own (`checkpoint`).
+//! Both stop when the store is dropped. Timestamps are unix milliseconds.
+
+mod checkpoint;
+mod owned_thread;
+mod store_thread;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
-use tokio::task::AbortHandle;
 
+use self::checkpoint::CheckpointThread;
+use self::store_thread::{Chore, StoreThread};
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 
 /// `expires_at` is the lease end while in flight and the retention end once
@@ -41,11 +47,14 @@ const PURGE_INTERVAL: Duration = Duration::from_secs(30);
 /// Small batches keep each purge transaction short, so claims never wait
 /// long behind a purge of millions of rows.
 const PURGE_BATCH: usize = 500;
+/// Short enough that the WAL stays small (a checkpoint copies about this
+/// long's commits), long enough to cost nothing measurable when idle.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Dedupe state in a SQLite file (table `processed_events`).
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
-    purger: AbortHandle,
+    thread: StoreThread,
+    _checkpoints: CheckpointThread,
 }
 
 /// The columns every read needs, in `SELECT_LIVE` order.
@@ -65,52 +74,51 @@ WHERE provider = ?1 AND provider_event_id = ?2 AND expires_at > ?3";
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path` and starts the
-    /// background purge. The parent directory must exist: creating it would
-    /// hide a mistyped path until the data is found missing.
+    /// store's thread (with the background purge) and the checkpoint
+    /// thread. The parent directory must exist: creating it would hide a
+    /// mistyped path until the data is found missing.
     pub async fn open(path: &Path) -> Result<Self, StoreError> {
         let owned = path.to_owned();
-        let conn = tokio::task::spawn_blocking(move || open_connection(&owned))
-            .await
-            .map_err(task_failed)??;
-        let conn = Arc::new(Mutex::new(conn));
-        let purger = tokio::spawn(purge_loop(Arc::downgrade(&conn))).abort_handle();
-        Ok(Self { conn, purger })
+        let (serving, checkpointing) = tokio::task::spawn_blocking(move || {
+            Ok::<_, StoreError>((open_connection(&owned)?, Connection::open(&owned)?))
+        })
+        .await
+        .map_err(task_failed)??;
+        let purge = Chore {
+            every: PURGE_INTERVAL,
+            round: |c| Ok(purge_batch(c)? == PURGE_BATCH),
+            failure: "sqlite store: purging expired rows failed",
+        };
+        Ok(Self {
+            thread: StoreThread::spawn("hookgate-sqlite", serving, purge)?,
+            _checkpoints: CheckpointThread::spawn(
+                "sqlite-wal-ckpt",
+                checkpointing,
+                CHECKPOINT_INTERVAL,
+            )?,
+        })
     }
 
     /// Deletes every expired row now, in batches; returns how many. The
-    /// background task calls this every 30 s.
+    /// store's thread does this on its own every 30 s.
     pub async fn purge_expired(&self) -> Result<u64, StoreError> {
-        purge(&self.conn).await
+        let mut total = 0;
+        loop {
+            // One job per batch, so claims queued meanwhile interleave.
+            let deleted = self.run(purge_batch).await?;
+            total += deleted as u64;
+            if deleted < PURGE_BATCH {
+                return Ok(total);
+            }
+        }
     }
 
     async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        run(&self.conn, f).await
+        self.thread.run(f).await
     }
-}
-
-impl Drop for SqliteStore {
-    fn drop(&mut self) {
-        self.purger.abort();
-    }
-}
-
-/// Runs `f` with the connection on the blocking pool. A poisoned lock is
-/// recovered: a panic inside `f` unwinds through rusqlite's `Transaction`
-/// drop, which rolls back, so the connection is left consistent.
-async fn run<T: Send + 'static>(
-    conn: &Arc<Mutex<Connection>>,
-    f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    let conn = Arc::clone(conn);
-    tokio::task::spawn_blocking(move || {
-        let mut guard = conn.lock().unwrap_or_else(PoisonError::into_inner);
-        f(&mut guard)
-    })
-    .await
-    .map_err(task_failed)?
 }
 
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
@@ -131,6 +139,9 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         // loses no committed claim on a process crash (only on power loss).
         conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // Checkpoints run on their own thread (see `checkpoint`), never
+        // inside a commit.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.execute_batch(SCHEMA)?;
         Ok(conn)
     };
@@ -142,36 +153,13 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     })
 }
 
-async fn purge_loop(conn: Weak<Mutex<Connection>>) {
-    let mut tick = tokio::time::interval(PURGE_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        // A weak reference: the task must not keep a dropped store's file open.
-        let Some(conn) = conn.upgrade() else { return };
-        if let Err(error) = purge(&conn).await {
-            tracing::warn!(%error, "sqlite store: purging expired rows failed");
-        }
-    }
-}
-
-async fn purge(conn: &Arc<Mutex<Connection>>) -> Result<u64, StoreError> {
-    let mut total = 0;
-    loop {
-        // One lock and one statement per batch, so claims interleave.
-        let deleted = run(conn, |c| {
-            let mut stmt = c.prepare_cached(
-                "DELETE FROM processed_events WHERE rowid IN (
-                     SELECT rowid FROM processed_events WHERE expires_at <= ?1 LIMIT ?2)",
-            )?;
-            Ok(stmt.execute(params![now_ms(), PURGE_BATCH as i64])?)
-        })
-        .await?;
-        total += deleted as u64;
-        if deleted < PURGE_BATCH {
-            return Ok(total);
-        }
-    }
+/// Deletes one batch of expired rows; returns how many.
+fn purge_batch(c: &mut Connection) -> Result<usize, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "DELETE FROM processed_events WHERE rowid IN (
+             SELECT rowid FROM processed_events WHERE expires_at <= ?1 LIMIT ?2)",
+    )?;
+    Ok(stmt.execute(params![now_ms(), PURGE_BATCH as i64])?)
 }
 
 fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>, StoreError> {
