@@ -104,6 +104,13 @@ fn print_errors(errors: &ConfigErrors) {
 pub fn check(settings: &Settings) -> ExitCode {
     let mut problems = 0;
     println!("store: {}", describe_store(settings));
+    if let Some(otlp) = &settings.telemetry.otlp {
+        println!(
+            "metrics: pushed over OTLP/HTTP to {} every {}",
+            otlp.endpoint,
+            humantime::format_duration(otlp.interval)
+        );
+    }
     for p in &settings.providers {
         println!("provider {}:", p.name);
         println!("  scheme: {}", p.scheme);

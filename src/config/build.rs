@@ -482,6 +482,13 @@ fn otlp_endpoint(i: &mut Issues, text: &str) -> Uri {
         Ok(uri)
             if matches!(uri.scheme_str(), Some("http" | "https")) && uri.authority().is_some() =>
         {
+            if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+                // Said without the URL: what precedes the @ is a credential.
+                i.push(
+                    "telemetry.otlp_endpoint",
+                    "must not carry credentials: set them as headers in OTEL_EXPORTER_OTLP_HEADERS",
+                );
+            }
             if uri.path() != "/" {
                 return uri;
             }

@@ -166,6 +166,12 @@ fn otlp_export_is_off_by_default_and_takes_a_collector_url() {
         "{text}"
     );
     assert!(text.contains("telemetry.otlp_interval: `often`"), "{text}");
+    let errs = errors(&format!(
+        "[telemetry]\notlp_endpoint = \"https://user:hunter2@collector:4318\"\n{STRIPE}"
+    ));
+    let text = errors_text(&errs);
+    assert!(text.contains("must not carry credentials"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
     let errs = errors(&format!("[telemetry]\nmystery = 1\n{STRIPE}"));
     assert!(errors_text(&errs).contains("telemetry.mystery"), "{errs:?}");
 }

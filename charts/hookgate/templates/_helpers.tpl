@@ -190,6 +190,11 @@ null values are left out, so `key: null` falls back to hookgate's default.
 [store]
 {{- /* The default path is the chart's sqlite file: meaningless to other backends. */}}
 {{- include "hookgate.toml.table" (ternary .Values.store (omit .Values.store "path") (eq .Values.store.backend "sqlite")) }}
+{{- with .Values.telemetry }}
+
+[telemetry]
+{{- include "hookgate.toml.table" . }}
+{{- end }}
 {{- range $name, $provider := .Values.providers }}
 {{- if not (kindIs "invalid" $provider) }}
 
