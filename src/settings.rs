@@ -61,6 +61,8 @@ pub struct UpstreamSettings {
     pub passthrough: bool,
     /// Extra trust roots for an https upstream.
     pub ca_file: Option<std::path::PathBuf>,
+    /// Deliveries forwarded at once; more wait (within `timeout`).
+    pub max_connections: usize,
 }
 
 /// Store-wide dedupe parameters that providers may override.

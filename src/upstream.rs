@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
 
 use crate::body::ProxyBody;
 use crate::settings::UpstreamSettings;
@@ -42,6 +43,11 @@ pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
     base: Uri,
     timeout: Duration,
+    /// One permit per delivery call in flight. hyper-util's pool opens a new
+    /// connection whenever every pooled one is busy and has no cap per host,
+    /// so without this a burst of N deliveries holds N upstream connections
+    /// (and their buffers) and hits the app N at once.
+    calls: Semaphore,
 }
 
 impl Upstream {
@@ -59,11 +65,13 @@ impl Upstream {
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
+            .pool_max_idle_per_host(settings.max_connections)
             .build(connector);
         Ok(Self {
             client,
             base: settings.url.clone(),
             timeout: settings.timeout,
+            calls: Semaphore::new(settings.max_connections),
         })
     }
 
@@ -80,9 +88,15 @@ impl Upstream {
             .map_err(|e| UpstreamError::Other(e.to_string()))
     }
 
-    /// Sends a delivery and reads the whole answer, all within the timeout.
+    /// Sends a delivery and reads the whole answer, all within the timeout,
+    /// which includes waiting for one of the `max_connections` call slots.
     pub async fn call_buffered(&self, req: Request<ProxyBody>) -> Result<Buffered, UpstreamError> {
         let exchange = async {
+            let _slot = self
+                .calls
+                .acquire()
+                .await
+                .map_err(|_| UpstreamError::Other("the gate is shutting down".into()))?;
             let response = self.client.request(req).await.map_err(classify)?;
             let (parts, body) = response.into_parts();
             let body = Limited::new(body, MAX_BUFFERED_RESPONSE)
@@ -179,6 +193,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             passthrough: true,
             ca_file: None,
+            max_connections: 4,
         })
         .unwrap();
         assert_eq!(

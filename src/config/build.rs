@@ -62,7 +62,11 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
         timeout: duration(i, "upstream.timeout", &u.timeout),
         passthrough: u.passthrough,
         ca_file: u.ca_file.as_ref().map(PathBuf::from),
+        max_connections: u.max_connections,
     };
+    if u.max_connections == 0 {
+        i.push("upstream.max_connections", "must be greater than 0");
+    }
 
     let st = &file.store;
     let backend = match st.backend {

@@ -61,6 +61,7 @@ pub struct UpstreamFile {
     pub timeout: String,
     pub passthrough: bool,
     pub ca_file: Option<String>,
+    pub max_connections: usize,
 }
 
 impl Default for UpstreamFile {
@@ -70,6 +71,7 @@ impl Default for UpstreamFile {
             timeout: "10s".into(),
             passthrough: true,
             ca_file: None,
+            max_connections: 64,
         }
     }
 }

@@ -28,6 +28,7 @@ fn defaults_fill_what_the_file_leaves_out() {
     assert_eq!(s.server.max_body_bytes, 1024 * 1024);
     assert_eq!(s.dedupe.retention, Duration::from_secs(4 * 86400));
     assert_eq!(s.dedupe.lease, Duration::from_secs(30));
+    assert_eq!(s.upstream.max_connections, 64);
     let p = &s.providers[0];
     assert_eq!(p.tolerance, Duration::from_secs(300));
     assert_eq!(p.future_tolerance, p.tolerance);
@@ -84,9 +85,11 @@ read_timeout = "soon"
 listen = "nowhere"
 [upstream]
 timeout = "never"
+max_connections = 0
 "#,
     );
     let joined = errors_text(&errs);
+    assert!(joined.contains("upstream.max_connections"), "{joined}");
     assert!(joined.contains("server.read_timeout"), "{joined}");
     assert!(joined.contains("server.listen"), "{joined}");
     assert!(joined.contains("upstream.timeout"), "{joined}");

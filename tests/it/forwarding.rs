@@ -286,3 +286,34 @@ async fn http2_deliveries_are_served_and_forwarded_over_http1() {
     );
     gate.shutdown().await;
 }
+
+#[tokio::test]
+async fn upstream_max_connections_caps_the_calls_the_app_sees_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    up.set(Behavior::Stall(std::time::Duration::from_millis(200)));
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    config.upstream.push_str("max_connections = 2\n");
+    let secret = secret_file(dir.path(), "stripe", SECRET);
+    config.providers = provider("stripe", "stripe", &[secret], "");
+    let gate = gate::start(&config).await;
+
+    // Six deliveries at once against a 2-slot cap and a 200 ms app: they
+    // queue for a slot (600 ms in all, inside the 2 s upstream timeout).
+    let addr = gate.addr;
+    let sends: Vec<_> = (0..6)
+        .map(|i| {
+            let body = stripe_event(&format!("evt_cap{i}"));
+            let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
+            tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
+        })
+        .collect();
+    for send in sends {
+        let a = send.await.unwrap();
+        assert_eq!((a.status.as_u16(), a.result()), (200, "forwarded"));
+    }
+    assert_eq!(up.count(), 6);
+    let peak = up.peak_in_flight();
+    assert!((1..=2).contains(&peak), "the app saw {peak} calls at once");
+    gate.shutdown().await;
+}

@@ -48,6 +48,8 @@ pub enum Behavior {
 struct State {
     received: Vec<Received>,
     behavior: Option<Behavior>,
+    in_flight: usize,
+    peak_in_flight: usize,
 }
 
 /// The recording upstream; dropped with the test.
@@ -95,6 +97,11 @@ impl Upstream {
     pub fn count(&self) -> usize {
         self.state.lock().unwrap().received.len()
     }
+
+    /// The most requests the app was handling at once.
+    pub fn peak_in_flight(&self) -> usize {
+        self.state.lock().unwrap().peak_in_flight
+    }
 }
 
 async fn answer(
@@ -130,11 +137,14 @@ async fn answer(
             body,
             status,
         });
+        s.in_flight += 1;
+        s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
         (n, status, stall)
     };
     if let Some(d) = stall {
         tokio::time::sleep(d).await;
     }
+    state.lock().unwrap().in_flight -= 1;
     let body = format!("{{\"call\":{n},\"status\":{status}}}");
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = StatusCode::from_u16(status).unwrap();
