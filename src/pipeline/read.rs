@@ -3,7 +3,7 @@
 //! verified and what is forwarded.
 
 use bytes::Bytes;
-use http::header;
+use http::{HeaderValue, Uri, header, request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 
@@ -28,10 +28,68 @@ pub async fn body(cx: &Context, incoming: Incoming) -> Result<Bytes, GateError> 
     let read = Limited::new(incoming, limit_usize).collect();
     match tokio::time::timeout(server.read_timeout, read).await {
         Err(_) => Err(GateError::RequestTimeout),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        // A copy: hyper hands out the body as a slice of its connection's
+        // read buffer, which would stay pinned for the whole delivery.
+        Ok(Ok(collected)) => Ok(Bytes::copy_from_slice(&collected.to_bytes())),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(GateError::PayloadTooLarge { limit }),
         Ok(Err(e)) => Err(GateError::BadPayload(format!(
             "body could not be read: {e}"
         ))),
+    }
+}
+
+/// Moves the request head off hyper's read buffer. hyper parses header
+/// values and the path as slices of that buffer (8 KiB or more per
+/// connection); held for the whole delivery they keep it alive, so hyper
+/// allocates a second one to watch the connection meanwhile. Copying the few
+/// hundred bytes of a webhook's head lets it reuse the first.
+pub fn unshare(head: &mut request::Parts) {
+    for value in head.headers.values_mut() {
+        let sensitive = value.is_sensitive();
+        if let Ok(mut owned) =
+            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(value.as_bytes()))
+        {
+            owned.set_sensitive(sensitive);
+            *value = owned;
+        }
+    }
+    if let Some(pq) = head.uri.path_and_query()
+        && let Ok(uri) = Uri::from_maybe_shared(Bytes::copy_from_slice(pq.as_str().as_bytes()))
+        && head.uri.authority().is_none()
+    {
+        head.uri = uri;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unshare_keeps_every_byte_but_not_the_buffer() {
+        // A head whose values live in one shared buffer, as hyper parses them.
+        let buffer = Bytes::from_static(b"prefix t=1,v1=ab\x80cd /hooks/x?attempt=2");
+        let inside = |p: *const u8| buffer.as_ptr_range().contains(&p);
+        let signature = HeaderValue::from_maybe_shared(buffer.slice(7..19)).unwrap();
+        let mut req = http::Request::post(Uri::from_maybe_shared(buffer.slice(20..)).unwrap())
+            .header("stripe-signature", signature)
+            .body(())
+            .unwrap();
+        req.headers_mut()
+            .get_mut("stripe-signature")
+            .unwrap()
+            .set_sensitive(true);
+        let (mut head, ()) = req.into_parts();
+        assert!(inside(head.headers["stripe-signature"].as_bytes().as_ptr()));
+
+        unshare(&mut head);
+
+        let value = &head.headers["stripe-signature"];
+        assert_eq!(value.as_bytes(), b"t=1,v1=ab\x80cd");
+        assert!(value.is_sensitive());
+        assert!(!inside(value.as_bytes().as_ptr()));
+        assert_eq!(head.uri, "/hooks/x?attempt=2");
+        let path = head.uri.path_and_query().unwrap().as_str().as_ptr();
+        assert!(!inside(path));
     }
 }
