@@ -105,8 +105,8 @@ async fn deliver(
 
 async fn phases(cx: &mut Context, incoming: Incoming) -> Result<Response<ProxyBody>, GateError> {
     limit::check(cx)?;
-    cx.body = read::body(cx, incoming).await?;
-    read::unshare(&mut cx.head);
+    let body = read::body(cx, incoming).await?;
+    cx.body = read::unshare(&mut cx.head, body);
     let verified = verify::signature(cx)?;
     verify::window(cx, verified.timestamp)?;
     if let Some(KeySource::Batch(pointer)) = &cx.provider().settings.key {

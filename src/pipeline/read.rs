@@ -2,7 +2,7 @@
 //! `server.read_timeout`. The bytes are kept exactly: they are what is
 //! verified and what is forwarded.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Uri, header, request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -28,9 +28,7 @@ pub async fn body(cx: &Context, incoming: Incoming) -> Result<Bytes, GateError> 
     let read = Limited::new(incoming, limit_usize).collect();
     match tokio::time::timeout(server.read_timeout, read).await {
         Err(_) => Err(GateError::RequestTimeout),
-        // A copy: hyper hands out the body as a slice of its connection's
-        // read buffer, which would stay pinned for the whole delivery.
-        Ok(Ok(collected)) => Ok(Bytes::copy_from_slice(&collected.to_bytes())),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(GateError::PayloadTooLarge { limit }),
         Ok(Err(e)) => Err(GateError::BadPayload(format!(
             "body could not be read: {e}"
@@ -38,27 +36,45 @@ pub async fn body(cx: &Context, incoming: Incoming) -> Result<Bytes, GateError> 
     }
 }
 
-/// Moves the request head off hyper's read buffer. hyper parses header
-/// values and the path as slices of that buffer (8 KiB or more per
-/// connection); held for the whole delivery they keep it alive, so hyper
-/// allocates a second one to watch the connection meanwhile. Copying the few
-/// hundred bytes of a webhook's head lets it reuse the first.
-pub fn unshare(head: &mut request::Parts) {
+/// Moves the request head and body off hyper's read buffer. hyper parses
+/// header values and the path as slices of that buffer (8 KiB or more per
+/// connection) and hands a small body out the same way; held for the whole
+/// delivery they keep it alive, so hyper allocates a second one to watch the
+/// connection meanwhile. Copying the few hundred bytes of a webhook lets it
+/// reuse the first. One allocation holds them all, so the head's values stay
+/// cheap to clone (a reference count) when the request is forwarded.
+pub fn unshare(head: &mut request::Parts, body: Bytes) -> Bytes {
+    let path = head
+        .uri
+        .path_and_query()
+        .filter(|_| head.uri.authority().is_none())
+        .map(|pq| pq.as_str().to_owned());
+    let head_len: usize = head.headers.values().map(HeaderValue::len).sum();
+    let path_len = path.as_ref().map_or(0, String::len);
+    let mut buf = BytesMut::with_capacity(head_len + path_len + body.len());
+    for value in head.headers.values() {
+        buf.extend_from_slice(value.as_bytes());
+    }
+    if let Some(path) = &path {
+        buf.extend_from_slice(path.as_bytes());
+    }
+    buf.extend_from_slice(&body);
+    let mut owned = buf.freeze();
     for value in head.headers.values_mut() {
+        let copy = owned.split_to(value.len());
         let sensitive = value.is_sensitive();
-        if let Ok(mut owned) =
-            HeaderValue::from_maybe_shared(Bytes::copy_from_slice(value.as_bytes()))
-        {
-            owned.set_sensitive(sensitive);
-            *value = owned;
+        if let Ok(mut copied) = HeaderValue::from_maybe_shared(copy) {
+            copied.set_sensitive(sensitive);
+            *value = copied;
         }
     }
-    if let Some(pq) = head.uri.path_and_query()
-        && let Ok(uri) = Uri::from_maybe_shared(Bytes::copy_from_slice(pq.as_str().as_bytes()))
-        && head.uri.authority().is_none()
+    let path_copy = owned.split_to(path_len);
+    if path.is_some()
+        && let Ok(uri) = Uri::from_maybe_shared(path_copy)
     {
         head.uri = uri;
     }
+    owned
 }
 
 #[cfg(test)]
@@ -82,7 +98,7 @@ mod tests {
         let (mut head, ()) = req.into_parts();
         assert!(inside(head.headers["stripe-signature"].as_bytes().as_ptr()));
 
-        unshare(&mut head);
+        let body = unshare(&mut head, buffer.slice(..6));
 
         let value = &head.headers["stripe-signature"];
         assert_eq!(value.as_bytes(), b"t=1,v1=ab\x80cd");
@@ -91,5 +107,7 @@ mod tests {
         assert_eq!(head.uri, "/hooks/x?attempt=2");
         let path = head.uri.path_and_query().unwrap().as_str().as_ptr();
         assert!(!inside(path));
+        assert_eq!(body, "prefix");
+        assert!(!inside(body.as_ptr()));
     }
 }
