@@ -162,6 +162,37 @@ fn purge_batch(c: &mut Connection) -> Result<usize, StoreError> {
     Ok(stmt.execute(params![now_ms(), PURGE_BATCH as i64])?)
 }
 
+/// The claim's read and write, inside a transaction that holds the write
+/// lock.
+fn claim_in(
+    c: &Connection,
+    key: &ScopedKey,
+    fingerprint: &str,
+    lease: Duration,
+) -> Result<Claim, StoreError> {
+    let now = now_ms();
+    if let Some(row) = select_live(c, key, now)? {
+        let stored = row.fingerprint.clone();
+        return Ok(Claim::held(&stored, fingerprint, row.existing(now)?));
+    }
+    let token = LeaseToken::generate();
+    let lease_end = after(now, lease);
+    c.prepare_cached(
+        "INSERT OR REPLACE INTO processed_events (provider, provider_event_id, state,
+             lease_token, fingerprint, lease_expires_at, expires_at, received_at)
+         VALUES (?1, ?2, 'in_flight', ?3, ?4, ?5, ?5, ?6)",
+    )?
+    .execute(params![
+        key.provider,
+        key.key,
+        token.0,
+        fingerprint,
+        lease_end,
+        now
+    ])?;
+    Ok(Claim::Fresh(token))
+}
+
 fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>, StoreError> {
     let mut stmt = c.prepare_cached(SELECT_LIVE)?;
     let row = stmt
@@ -215,32 +246,18 @@ impl Backend for SqliteStore {
     ) -> Result<Claim, StoreError> {
         let (key, fingerprint) = (key.clone(), fingerprint.to_owned());
         self.run(move |c| {
-            let now = now_ms();
+            if !c.is_autocommit() {
+                // Inside the store thread's batch: its BEGIN IMMEDIATE
+                // already holds the write lock.
+                return claim_in(c, &key, &fingerprint, lease);
+            }
             // IMMEDIATE takes the write lock before the read, so two
             // processes on one file queue on busy_timeout instead of both
             // seeing the key free (or deadlocking when upgrading a read lock).
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            if let Some(row) = select_live(&tx, &key, now)? {
-                let stored = row.fingerprint.clone();
-                return Ok(Claim::held(&stored, &fingerprint, row.existing(now)?));
-            }
-            let token = LeaseToken::generate();
-            let lease_end = after(now, lease);
-            tx.prepare_cached(
-                "INSERT OR REPLACE INTO processed_events (provider, provider_event_id, state,
-                     lease_token, fingerprint, lease_expires_at, expires_at, received_at)
-                 VALUES (?1, ?2, 'in_flight', ?3, ?4, ?5, ?5, ?6)",
-            )?
-            .execute(params![
-                key.provider,
-                key.key,
-                token.0,
-                fingerprint,
-                lease_end,
-                now
-            ])?;
+            let claim = claim_in(&tx, &key, &fingerprint, lease)?;
             tx.commit()?;
-            Ok(Claim::Fresh(token))
+            Ok(claim)
         })
         .await
     }

@@ -5,6 +5,12 @@
 //! queueing on one lock: on two cores most of the store's time went to
 //! futex wake-ups (docs/BENCHMARKS.md). One thread that owns the connection
 //! and takes jobs from a queue does the same work in order without them.
+//!
+//! Group commit: when jobs are waiting, the thread runs up to `MAX_BATCH` of
+//! them in one write transaction, each inside a savepoint of its own (a job
+//! that fails or panics rolls back to its savepoint only), and answers them
+//! once the transaction has committed. One WAL append and one lock round
+//! then serve the batch; a job alone still runs in its own transaction.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -16,7 +22,22 @@ use tokio::sync::oneshot;
 use super::owned_thread::OwnedThread;
 use crate::store::StoreError;
 
-type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+/// Answers a job's caller, given whether its transaction committed.
+type Reply = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
+
+/// What a job did: whether it succeeded (its savepoint is kept) and how to
+/// answer its caller once its transaction's fate is known.
+struct Ran {
+    ok: bool,
+    reply: Reply,
+}
+
+/// `None`: the caller had given up, nothing was done.
+type Job = Box<dyn FnOnce(&mut Connection) -> Option<Ran> + Send>;
+
+/// Jobs run in one transaction at most. Bounded so that one commit never
+/// holds the answers of a long queue.
+const MAX_BATCH: usize = 64;
 
 /// Work the thread does on its own, between jobs (the purge of expired
 /// rows): one `round` every `every`, and the next round right after the
@@ -41,9 +62,10 @@ impl StoreThread {
     }
 
     /// Runs `f` with the connection on the store's thread and returns its
-    /// answer. A panic inside `f` answers an error and leaves the thread
-    /// serving: it unwinds through rusqlite's `Transaction` drop, which
-    /// rolls back, so the connection is left consistent.
+    /// answer, once what `f` wrote is committed. `f` may run inside a
+    /// transaction the thread opened (see `is_autocommit`). A panic inside
+    /// `f` answers an error and leaves the thread serving: its savepoint, or
+    /// rusqlite's `Transaction` drop, rolls back what it wrote.
     pub(super) async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
@@ -54,7 +76,7 @@ impl StoreThread {
             // would be thrown away, and a claim nobody forwards would only
             // hold a lease. Skipping it also lets a backlog drain quickly.
             if answer.is_closed() {
-                return;
+                return None;
             }
             let result = catch_unwind(AssertUnwindSafe(|| f(conn))).unwrap_or_else(|_| {
                 tracing::error!("sqlite store: an operation panicked");
@@ -62,7 +84,18 @@ impl StoreThread {
                     "sqlite: the operation panicked".into(),
                 ))
             });
-            let _ = answer.send(result);
+            Some(Ran {
+                ok: result.is_ok(),
+                reply: Box::new(move |committed| {
+                    let result = match committed {
+                        Ok(()) => result,
+                        Err(e) => Err(StoreError::Unavailable(format!(
+                            "sqlite: the commit failed: {e}"
+                        ))),
+                    };
+                    let _ = answer.send(result);
+                }),
+            })
         });
         self.thread.send(job).map_err(|_| stopped())?;
         answered.await.map_err(|_| stopped())?
@@ -95,10 +128,85 @@ fn serve(mut conn: Connection, jobs: &Receiver<Job>, chore: &Chore) {
             };
         }
         match jobs.recv_timeout(due.saturating_duration_since(Instant::now())) {
-            Ok(job) => job(&mut conn),
+            Ok(job) => {
+                let mut batch = vec![job];
+                while batch.len() < MAX_BATCH {
+                    match jobs.try_recv() {
+                        Ok(job) => batch.push(job),
+                        Err(_) => break,
+                    }
+                }
+                run_batch(&mut conn, batch);
+            }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
         }
+    }
+}
+
+/// Runs `batch` and answers every job. One job runs on its own (in its own
+/// transactions, if it opens any); several share one `BEGIN IMMEDIATE`.
+fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
+    if batch.len() == 1 || conn.execute_batch("BEGIN IMMEDIATE").is_err() {
+        // Alone, or the write lock is not to be had: one at a time, each job
+        // answering with what it did.
+        for job in batch {
+            if let Some(ran) = job(conn) {
+                (ran.reply)(Ok(()));
+            }
+        }
+        return;
+    }
+    let mut replies = Vec::with_capacity(batch.len());
+    let mut jobs = batch.into_iter();
+    for job in jobs.by_ref() {
+        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+            // Answered below as part of the failed transaction; the job
+            // itself waits for the next batch.
+            tracing::warn!(error = %e, "sqlite store: cannot open a savepoint");
+            let rest: Vec<Job> = std::iter::once(job).chain(jobs).collect();
+            finish(conn, replies, Some(StoreError::from(e)));
+            run_batch(conn, rest);
+            return;
+        }
+        let Some(ran) = job(conn) else {
+            let _ = conn.execute_batch("RELEASE job");
+            continue;
+        };
+        let kept = if ran.ok {
+            conn.execute_batch("RELEASE job")
+        } else {
+            conn.execute_batch("ROLLBACK TO job; RELEASE job")
+        };
+        replies.push(ran.reply);
+        if kept.is_err() || conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (a full disk, an I/O
+            // error): what ran so far is lost and says so; the rest of the
+            // batch runs afresh.
+            let rest: Vec<Job> = jobs.collect();
+            let lost = StoreError::Unavailable("the transaction was rolled back".into());
+            finish(conn, replies, Some(lost));
+            if !rest.is_empty() {
+                run_batch(conn, rest);
+            }
+            return;
+        }
+    }
+    finish(conn, replies, None);
+}
+
+/// Commits the batch's transaction (or rolls it back after `failed`) and
+/// answers each job with the outcome.
+fn finish(conn: &mut Connection, replies: Vec<Reply>, failed: Option<StoreError>) {
+    let outcome = match failed {
+        Some(e) => Err(e),
+        None => conn.execute_batch("COMMIT").map_err(StoreError::from),
+    };
+    if outcome.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    for reply in replies {
+        reply(outcome.as_ref().map(|_| ()));
     }
 }
 
@@ -128,6 +236,63 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(one, 1);
+    }
+
+    #[tokio::test]
+    async fn queued_jobs_commit_together_and_a_failing_one_rolls_back_alone() {
+        use std::sync::Arc;
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (n INTEGER)").unwrap();
+        let thread = Arc::new(StoreThread::spawn("sqlite-t-batch", conn, idle_chore()).unwrap());
+        // Hold the thread so that the next jobs queue up behind this one.
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let held = Arc::clone(&thread);
+        let blocker = tokio::spawn(async move {
+            held.run(move |_| {
+                let _ = released.recv();
+                Ok(())
+            })
+            .await
+        });
+        let inserts: Vec<_> = (1..=5)
+            .map(|n: i64| {
+                let thread = Arc::clone(&thread);
+                tokio::spawn(async move {
+                    thread
+                        .run(move |c| {
+                            let in_batch = !c.is_autocommit();
+                            c.execute("INSERT INTO t VALUES (?1)", [n])?;
+                            if n == 3 {
+                                return Err(StoreError::Corrupt("three".into()));
+                            }
+                            Ok(in_batch)
+                        })
+                        .await
+                })
+            })
+            .collect();
+        // A current-thread runtime: a few yields let every task send its job.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        blocker.await.unwrap().unwrap();
+
+        for (n, insert) in (1..=5).zip(inserts) {
+            match insert.await.unwrap() {
+                Ok(in_batch) => assert!(in_batch && n != 3, "job {n} ran alone"),
+                Err(e) => assert_eq!((n, e.to_string().contains("three")), (3, true)),
+            }
+        }
+        let rows: Vec<i64> = thread
+            .run(|c| {
+                let mut stmt = c.prepare("SELECT n FROM t ORDER BY n")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows, [1, 2, 4, 5]);
     }
 
     #[tokio::test]
