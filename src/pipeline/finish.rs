@@ -2,8 +2,8 @@
 //! sender is told.
 //!
 //! 2xx: mark the key completed with a snapshot of the answer (a failed mark
-//! is retried in the background; the sender still gets its 2xx, since the
-//! app did the work). Anything else: release the key so the sender's retry
+//! is retried in the background for as long as the claim's lease can still
+//! hold; the sender still gets its 2xx, since the app did the work). Anything else: release the key so the sender's retry
 //! gets through, and pass the app's answer (or 502/504) back.
 
 use std::sync::Arc;
@@ -20,9 +20,10 @@ use crate::gate::Gate;
 use crate::store::{Backend, LeaseToken, ScopedKey, Snapshot};
 use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
 
-/// How often, and how far apart, a failed mark is retried.
-const MARK_RETRIES: u32 = 5;
+/// How far apart a failed mark is retried: the attempt number times this,
+/// at most `MARK_BACKOFF_MAX`.
 const MARK_BACKOFF: Duration = Duration::from_millis(200);
+const MARK_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// A claim this delivery holds: the key and the token that owns it.
 pub type Held = (ScopedKey, LeaseToken);
@@ -145,9 +146,12 @@ fn snapshot(answer: &Buffered, max_bytes: usize) -> Snapshot {
     }
 }
 
-/// Retries the mark with backoff, until it lands, the claim is found lost,
-/// or the attempts run out (then the lease expires and a redelivery would
-/// be forwarded again: the at-least-once boundary).
+/// Retries the mark with backoff until it lands, the claim is found lost, or
+/// the lease has run out: the claim was taken before the app was called, so
+/// a full `store.lease` from now is past its end, and no mark can land after
+/// that. A store outage shorter than the lease's remainder thus costs
+/// nothing; a longer one lets the lease expire, and a redelivery is
+/// forwarded again (the at-least-once boundary, docs/RELIABILITY.md).
 fn spawn_mark_retry(
     gate: Arc<Gate>,
     provider: String,
@@ -156,9 +160,16 @@ fn spawn_mark_retry(
     snapshot: Snapshot,
     retention: Duration,
 ) {
+    let deadline = tokio::time::Instant::now() + gate.settings.dedupe.lease;
     tokio::spawn(async move {
-        for attempt in 1..=MARK_RETRIES {
-            tokio::time::sleep(MARK_BACKOFF * attempt).await;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let pause = (MARK_BACKOFF * attempt).min(MARK_BACKOFF_MAX);
+            if tokio::time::Instant::now() + pause >= deadline {
+                break;
+            }
+            tokio::time::sleep(pause).await;
             gate.metrics.mark_retry(&provider);
             let marked = gate.store.complete(&key, &token, &snapshot, retention);
             match gate.timed("complete", marked).await {
@@ -173,6 +184,6 @@ fn spawn_mark_retry(
                 Err(e) => tracing::warn!(key = %key, attempt, error = %e, "mark retry failed"),
             }
         }
-        tracing::error!(key = %key, "mark retries exhausted; a redelivery may be forwarded again");
+        tracing::error!(key = %key, attempt, "mark retries exhausted with the lease; a redelivery may be forwarded again");
     });
 }

@@ -9,7 +9,7 @@ use crate::support::gate::{
     self, GateConfig, SECRET, post, provider, secret_file, signed, stripe_event,
 };
 use crate::support::redis_server::RedisServer;
-use crate::support::upstream::Upstream;
+use crate::support::upstream::{Behavior, Upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_is_503_with_nothing_forwarded_then_recovers() {
@@ -55,5 +55,60 @@ async fn redis_down_is_503_with_nothing_forwarded_then_recovers() {
     }
     assert_eq!(last, "forwarded", "recovered without a restart");
     assert_eq!(up.count(), 2);
+    gate.shutdown().await;
+}
+
+/// The app answered 2xx, then the store went down for longer than the old
+/// fixed retry schedule (3 s) but less than the lease: the mark is retried
+/// until it lands, so a later copy is a duplicate, not a second call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
+    let mut redis = RedisServer::start_with_aof();
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    up.set(Behavior::Stall(Duration::from_millis(500)));
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    config.store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\nlease = \"10s\"\ntimeout = \"300ms\"\n",
+        redis.url()
+    );
+    config.providers = provider(
+        "stripe",
+        "stripe",
+        &[secret_file(dir.path(), "s", SECRET)],
+        "",
+    );
+    let gate = gate::start(&config).await;
+    let body = stripe_event("evt_outage");
+    let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
+    let addr = gate.addr;
+    let first = {
+        let (headers, body) = (headers.clone(), body.clone());
+        tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
+    };
+    // Kill the store while the app holds the call: the claim is in the
+    // append-only file, the mark cannot land.
+    while up.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    redis.kill();
+    let answered = first.await.unwrap();
+    assert_eq!(answered.result(), "forwarded", "the app did the work");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    redis.restart();
+
+    // The mark lands within the lease; the copy is answered from the store.
+    let mut last = String::new();
+    for _ in 0..40 {
+        let copy = post(addr, "/webhooks/stripe", &headers, &body).await;
+        last = copy.result().to_owned();
+        if last == "duplicate" {
+            break;
+        }
+        assert_ne!(last, "forwarded", "processed twice");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(last, "duplicate");
+    assert_eq!(up.count(), 1);
     gate.shutdown().await;
 }
