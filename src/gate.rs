@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use tokio_util::task::TaskTracker;
 
 use std::future::Future;
 use std::time::Instant;
@@ -36,6 +37,10 @@ pub struct Gate {
     /// Claims held by deliveries still running, released if shutdown's
     /// grace runs out before they finish.
     inflight: Mutex<HashMap<LeaseToken, ScopedKey>>,
+    /// Marks being retried after the delivery was answered: shutdown waits
+    /// for them within its grace, since a mark given up is a delivery the
+    /// next redelivery would process again.
+    pub pending_marks: TaskTracker,
 }
 
 impl Gate {
@@ -84,6 +89,7 @@ impl Gate {
             metrics,
             source_limit: settings_source_limit,
             inflight: Mutex::default(),
+            pending_marks: TaskTracker::new(),
         });
         spawn_housekeeping(Arc::downgrade(&gate));
         Ok(gate)

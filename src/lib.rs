@@ -64,9 +64,23 @@ impl Running {
     /// Stops accepting, lets in-flight deliveries finish within
     /// `server.shutdown_grace`, and returns when both listeners are closed.
     pub async fn shutdown(self) {
+        let deadline = tokio::time::Instant::now() + self.gate.settings.server.shutdown_grace;
         let _ = self.stop.send(true);
         for task in self.tasks {
             let _ = task.await;
+        }
+        // Marks still being retried (the store was down when their
+        // deliveries finished) get what is left of the grace.
+        let marks = &self.gate.pending_marks;
+        marks.close();
+        if tokio::time::timeout_at(deadline, marks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pending = marks.len(),
+                "grace elapsed with marks still pending: their leases will expire"
+            );
         }
         let released = self.gate.release_inflight().await;
         if released > 0 {

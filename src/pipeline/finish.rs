@@ -161,7 +161,8 @@ fn spawn_mark_retry(
     retention: Duration,
 ) {
     let deadline = tokio::time::Instant::now() + gate.settings.dedupe.lease;
-    tokio::spawn(async move {
+    let tracker = gate.pending_marks.clone();
+    tracker.spawn(async move {
         let mut attempt = 0u32;
         loop {
             attempt += 1;

@@ -112,3 +112,53 @@ async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
     assert_eq!(up.count(), 1);
     gate.shutdown().await;
 }
+
+/// SIGTERM while a mark is being retried: shutdown waits for it within the
+/// grace, so the redelivery after the restart is a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_a_mark_being_retried() {
+    let mut redis = RedisServer::start_with_aof();
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    up.set(Behavior::Stall(Duration::from_millis(300)));
+    let mut config = GateConfig::new(&up.url(), dir.path());
+    config.store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\nlease = \"10s\"\ntimeout = \"300ms\"\n",
+        redis.url()
+    );
+    config.providers = provider(
+        "stripe",
+        "stripe",
+        &[secret_file(dir.path(), "s", SECRET)],
+        "",
+    );
+    let gate = gate::start(&config).await;
+    let body = stripe_event("evt_sigterm_mark");
+    let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
+    let addr = gate.addr;
+    let first = {
+        let (headers, body) = (headers.clone(), body.clone());
+        tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
+    };
+    while up.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    redis.kill();
+    assert_eq!(first.await.unwrap().result(), "forwarded");
+
+    // Shut down with the mark pending; the store is back within the grace.
+    let stopping = tokio::spawn(gate.shutdown());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        !stopping.is_finished(),
+        "shutdown did not wait for the mark"
+    );
+    redis.restart();
+    stopping.await.unwrap();
+
+    let again = gate::start(&config).await;
+    let copy = post(again.addr, "/webhooks/stripe", &headers, &body).await;
+    assert_eq!(copy.result(), "duplicate");
+    assert_eq!(up.count(), 1);
+    again.shutdown().await;
+}
