@@ -1,14 +1,15 @@
 //! Idempotency keys (where they come from, how they are normalized) and the
 //! payload fingerprint that tells a re-serialized retry from a changed one.
 
-use std::borrow::Cow;
+mod tree;
+
 use std::cell::OnceCell;
 
 use http::{HeaderMap, HeaderName};
-use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::settings::FingerprintMode;
+use tree::Node;
 
 /// The longest key accepted, in bytes: keys are stored and forwarded in a
 /// header, and an unbounded one would let a sender grow the store at will.
@@ -144,11 +145,11 @@ impl KeyPart {
     fn value(&self, payload: &Payload<'_>) -> Result<Option<String>, KeyError> {
         Ok(match self {
             Self::Header(names) => names.iter().find_map(|n| header_text(payload.headers, n)),
-            Self::Json(pointer) => match payload.json()?.pointer(pointer) {
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(v @ (Value::Number(_) | Value::Bool(_))) => Some(v.to_string()),
-                _ => None,
-            },
+            Self::Json(pointer) => payload
+                .json()?
+                .pointer(pointer)
+                .and_then(Node::key_text)
+                .map(|text| text.into_owned()),
             Self::Form(field) => payload
                 .form()?
                 .iter()
@@ -198,7 +199,7 @@ pub enum KeyError {
 pub struct Payload<'a> {
     pub raw: &'a [u8],
     pub headers: &'a HeaderMap,
-    json: OnceCell<Option<Value>>,
+    json: OnceCell<Option<Node<'a>>>,
     form: OnceCell<Option<Vec<(String, String)>>>,
 }
 
@@ -212,9 +213,9 @@ impl<'a> Payload<'a> {
         }
     }
 
-    fn json(&self) -> Result<&Value, KeyError> {
+    fn json(&self) -> Result<&Node<'a>, KeyError> {
         self.json
-            .get_or_init(|| serde_json::from_slice(self.raw).ok())
+            .get_or_init(|| Node::parse(self.raw))
             .as_ref()
             .ok_or(KeyError::NotJson)
     }
@@ -267,15 +268,13 @@ impl<'a> Payload<'a> {
             // element's exact bytes for re-assembling a partial batch.
             let start = text.as_ptr() as usize - base;
             let range = start..start + text.len();
-            let value: Value = serde_json::from_str(text).map_err(|_| KeyError::NotJson)?;
-            let key = match value.pointer(pointer) {
-                Some(Value::String(s)) => normalize(s)?,
-                Some(v @ (Value::Number(_) | Value::Bool(_))) => normalize(&v.to_string())?,
-                _ => None,
+            let element = Payload::new(text.as_bytes(), self.headers);
+            let key = match element.json()?.pointer(pointer).and_then(Node::key_text) {
+                Some(text) => normalize(&text)?,
+                None => None,
             };
             let Some(key) = key else { return Ok(None) };
-            let element_payload = Payload::new(text.as_bytes(), self.headers);
-            let fingerprint = element_payload.fingerprint(mode, volatile);
+            let fingerprint = element.fingerprint(mode, volatile);
             items.push(BatchItem {
                 range,
                 key,
@@ -289,27 +288,20 @@ impl<'a> Payload<'a> {
     ///
     /// Canonical JSON sorts keys at every level, drops insignificant
     /// whitespace and normalizes escapes, after removing `volatile` pointers;
-    /// a form is its sorted pairs; anything else its raw bytes.
-    pub fn fingerprint(&self, mode: FingerprintMode, volatile: &[String]) -> String {
+    /// a form is its sorted pairs; anything else its raw bytes. The last
+    /// use of the payload: volatile fields are removed from its parsed tree.
+    pub fn fingerprint(mut self, mode: FingerprintMode, volatile: &[String]) -> String {
         let digest = match mode {
             FingerprintMode::None => return String::new(),
             FingerprintMode::Raw => Sha256::digest(self.raw),
             FingerprintMode::Canonical => {
-                if let Ok(json) = self.json() {
-                    // The parsed value is shared with key extraction, so
-                    // removing volatile fields needs a copy; most providers
-                    // have none, and a deep copy per delivery was measurable.
-                    let json = if volatile.is_empty() {
-                        Cow::Borrowed(json)
-                    } else {
-                        let mut copy = json.clone();
-                        for pointer in volatile {
-                            remove_pointer(&mut copy, pointer);
-                        }
-                        Cow::Owned(copy)
-                    };
+                let _ = self.json();
+                if let Some(mut json) = self.json.take().flatten() {
+                    for pointer in volatile {
+                        json.remove(pointer);
+                    }
                     let mut out = Vec::with_capacity(self.raw.len());
-                    write_canonical(&json, &mut out);
+                    json.write_canonical(&mut out);
                     Sha256::digest(&out)
                 } else if let Some(pairs) = self.is_form().then(|| self.form().ok()).flatten() {
                     let mut pairs = pairs.to_vec();
@@ -324,67 +316,6 @@ impl<'a> Payload<'a> {
             }
         };
         hex::encode(digest)
-    }
-}
-
-/// Writes `value` with object keys sorted and no whitespace. Written out
-/// rather than relying on serde_json's map order, which a feature flag
-/// anywhere in the dependency tree (`preserve_order`) would change.
-fn write_canonical(value: &Value, out: &mut Vec<u8>) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                // Serialized as a JSON string, exactly as `Value::String`
-                // would be, without allocating one. Cannot fail into a Vec.
-                let _ = serde_json::to_writer(&mut *out, k);
-                out.push(b':');
-                write_canonical(v, out);
-            }
-            out.push(b'}');
-        }
-        Value::Array(items) => {
-            out.push(b'[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical(v, out);
-            }
-            out.push(b']');
-        }
-        scalar => write_scalar(scalar, out),
-    }
-}
-
-fn write_scalar(value: &Value, out: &mut Vec<u8>) {
-    // Serializing a scalar into a Vec cannot fail.
-    let _ = serde_json::to_writer(out, value);
-}
-
-/// Removes the value at an RFC 6901 pointer, if present.
-fn remove_pointer(value: &mut Value, pointer: &str) {
-    let Some((parent, last)) = pointer.rsplit_once('/') else {
-        return;
-    };
-    let last = last.replace("~1", "/").replace("~0", "~");
-    match value.pointer_mut(parent) {
-        Some(Value::Object(map)) => {
-            map.remove(&last);
-        }
-        Some(Value::Array(items)) => {
-            if let Ok(i) = last.parse::<usize>()
-                && i < items.len()
-            {
-                items.remove(i);
-            }
-        }
-        _ => {}
     }
 }
 
@@ -524,20 +455,16 @@ mod tests {
         );
     }
 
-    /// Fingerprints are stored (sqlite, redis, postgres) and compared after
-    /// an upgrade, so the canonical bytes must never change: pinned here,
-    /// escapes, nesting and number forms included.
+    /// The canonical bytes are pinned in `tree`; this pins their digest,
+    /// which is what the stores hold, as released versions computed it.
     #[test]
-    fn canonical_bytes_are_stable() {
+    fn canonical_fingerprint_is_stable() {
         let body = br#"{"z":[1,{"y":null,"x":true}],"\u00e9\n\"k":"v\u0001\/","a":1.50,"n":-0}"#;
-        let value: Value = serde_json::from_slice(body).unwrap();
-        let mut out = Vec::new();
-        write_canonical(&value, &mut out);
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            "{\"a\":1.5,\"n\":-0.0,\"z\":[1,{\"x\":true,\"y\":null}],\"é\\n\\\"k\":\"v\\u0001/\"}"
-        );
         let h = HeaderMap::new();
+        assert_eq!(
+            Payload::new(body, &h).fingerprint(FingerprintMode::Canonical, &[]),
+            "7538a6ded8d257685b8cc2e3d83aed019ce666ed8744169a1e2f4ab3fc9a0ce8"
+        );
         let fp = Payload::new(body, &h).fingerprint(FingerprintMode::Canonical, &[]);
         let vol = Payload::new(body, &h).fingerprint(FingerprintMode::Canonical, &["/q".into()]);
         assert_eq!(fp, vol, "an absent volatile pointer changes nothing");
