@@ -121,6 +121,13 @@ impl SqliteStore {
     }
 }
 
+/// The serving connection's page cache, in KiB (SQLite's negative form).
+/// SQLite's default is 2 MiB; claims and lookups touch the index pages of
+/// recent keys, and a miss is a read from the OS page cache, so a smaller
+/// cache costs little and keeps the gate's resident memory down
+/// (docs/BENCHMARKS.md, Memory).
+const CACHE_KIB: i64 = -512;
+
 fn open_connection(path: &Path) -> Result<Connection, StoreError> {
     // SQLite itself would only say "unable to open database file".
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
@@ -142,6 +149,7 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         // Checkpoints run on their own thread (see `checkpoint`), never
         // inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        conn.pragma_update(None, "cache_size", CACHE_KIB)?;
         conn.execute_batch(SCHEMA)?;
         Ok(conn)
     };
