@@ -50,6 +50,26 @@ const PURGE_BATCH: usize = 500;
 /// Short enough that the WAL stays small (a checkpoint copies about this
 /// long's commits), long enough to cost nothing measurable when idle.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
+/// WAL frames (pages, 4 KiB) past which a checkpoint makes the next commit
+/// start the WAL over (see `checkpoint`): the WAL file stays near 16 MiB
+/// under any load.
+const RESTART_FRAMES: i64 = 4096;
+
+/// A busy handler that tries again every 50 µs until `timeout` has passed.
+/// SQLite's own (`busy_timeout`) sleeps 1, 2, 5, ... 100 ms between tries:
+/// a claim behind the checkpoint's brief write lock would sleep for far
+/// longer than the lock is held, and the checkpoint itself would keep
+/// missing the microseconds between the store thread's commits.
+pub(super) fn poll_while_busy(timeout: Duration) -> impl FnMut(i32) -> bool + Send + 'static {
+    let mut since = std::time::Instant::now();
+    move |tries| {
+        if tries == 0 {
+            since = std::time::Instant::now();
+        }
+        std::thread::sleep(Duration::from_micros(50));
+        since.elapsed() < timeout
+    }
+}
 
 /// Dedupe state in a SQLite file (table `processed_events`).
 pub struct SqliteStore {
@@ -95,6 +115,7 @@ impl SqliteStore {
                 "sqlite-wal-ckpt",
                 checkpointing,
                 CHECKPOINT_INTERVAL,
+                RESTART_FRAMES,
             )?,
         })
     }
@@ -140,8 +161,8 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         )));
     }
     let setup = || -> rusqlite::Result<Connection> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(BUSY_TIMEOUT)?;
+        let mut conn = Connection::open(path)?;
+        conn.busy_handler(Some(poll_while_busy(BUSY_TIMEOUT)))?;
         // WAL lets reads proceed beside a write; with WAL, synchronous=NORMAL
         // loses no committed claim on a process crash (only on power loss).
         conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
