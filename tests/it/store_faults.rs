@@ -58,15 +58,25 @@ async fn redis_down_is_503_with_nothing_forwarded_then_recovers() {
     gate.shutdown().await;
 }
 
-/// The app answered 2xx, then the store went down for longer than the old
-/// fixed retry schedule (3 s) but less than the lease: the mark is retried
-/// until it lands, so a later copy is a duplicate, not a second call.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
+/// A gate on an append-only redis-server (lease 10 s) whose app holds
+/// each call for `stall`, and one delivery that the app answered 2xx while
+/// redis-server was killed under it: the claim is in the append-only file,
+/// the mark cannot land and is being retried.
+struct PendingMark {
+    redis: RedisServer,
+    up: Upstream,
+    config: GateConfig,
+    gate: hookgate::Running,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    _dir: tempfile::TempDir,
+}
+
+async fn a_mark_left_pending(event: &str, stall: Duration) -> PendingMark {
     let mut redis = RedisServer::start_with_aof();
     let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
-    up.set(Behavior::Stall(Duration::from_millis(500)));
+    up.set(Behavior::Stall(stall));
     let mut config = GateConfig::new(&up.url(), dir.path());
     config.store = format!(
         "backend = \"redis\"\nurl = \"{}\"\nlease = \"10s\"\ntimeout = \"300ms\"\n",
@@ -79,28 +89,43 @@ async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
         "",
     );
     let gate = gate::start(&config).await;
-    let body = stripe_event("evt_outage");
+    let body = stripe_event(event);
     let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
-    let addr = gate.addr;
     let first = {
-        let (headers, body) = (headers.clone(), body.clone());
+        let (addr, headers, body) = (gate.addr, headers.clone(), body.clone());
         tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
     };
-    // Kill the store while the app holds the call: the claim is in the
-    // append-only file, the mark cannot land.
+    // Kill the store while the app holds the call.
     while up.count() == 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     redis.kill();
     let answered = first.await.unwrap();
     assert_eq!(answered.result(), "forwarded", "the app did the work");
+    PendingMark {
+        redis,
+        up,
+        config,
+        gate,
+        headers,
+        body,
+        _dir: dir,
+    }
+}
+
+/// The app answered 2xx, then the store went down for longer than the old
+/// fixed retry schedule (3 s) but less than the lease: the mark is retried
+/// until it lands, so a later copy is a duplicate, not a second call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
+    let mut m = a_mark_left_pending("evt_outage", Duration::from_millis(500)).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    redis.restart();
+    m.redis.restart();
 
     // The mark lands within the lease; the copy is answered from the store.
     let mut last = String::new();
     for _ in 0..40 {
-        let copy = post(addr, "/webhooks/stripe", &headers, &body).await;
+        let copy = post(m.gate.addr, "/webhooks/stripe", &m.headers, &m.body).await;
         last = copy.result().to_owned();
         if last == "duplicate" {
             break;
@@ -109,42 +134,23 @@ async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(last, "duplicate");
-    assert_eq!(up.count(), 1);
-    gate.shutdown().await;
+    assert_eq!(m.up.count(), 1);
+    m.gate.shutdown().await;
 }
 
 /// SIGTERM while a mark is being retried: shutdown waits for it within the
 /// grace, so the redelivery after the restart is a duplicate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_a_mark_being_retried() {
-    let mut redis = RedisServer::start_with_aof();
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    up.set(Behavior::Stall(Duration::from_millis(300)));
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\nlease = \"10s\"\ntimeout = \"300ms\"\n",
-        redis.url()
-    );
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let gate = gate::start(&config).await;
-    let body = stripe_event("evt_sigterm_mark");
-    let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
-    let addr = gate.addr;
-    let first = {
-        let (headers, body) = (headers.clone(), body.clone());
-        tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
-    };
-    while up.count() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    redis.kill();
-    assert_eq!(first.await.unwrap().result(), "forwarded");
+    let PendingMark {
+        mut redis,
+        up,
+        config,
+        gate,
+        headers,
+        body,
+        _dir,
+    } = a_mark_left_pending("evt_sigterm_mark", Duration::from_millis(300)).await;
 
     // Shut down with the mark pending; the store is back within the grace.
     let stopping = tokio::spawn(gate.shutdown());
