@@ -231,16 +231,19 @@ impl<'de> Visitor<'de> for NodeVisitor {
         Ok(Number::from_f64(n).map_or(Node::Null, Node::Number))
     }
 
-    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Node<'de>, E> {
-        Ok(Node::String(Cow::Borrowed(s)))
+    // Strings are borrowed or owned exactly as keys are: `TextVisitor`.
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Node<'de>, E> {
+        TextVisitor
+            .visit_borrowed_str(s)
+            .map(|Text(t)| Node::String(t))
     }
 
-    fn visit_str<E>(self, s: &str) -> Result<Node<'de>, E> {
-        Ok(Node::String(Cow::Owned(s.to_owned())))
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Node<'de>, E> {
+        TextVisitor.visit_str(s).map(|Text(t)| Node::String(t))
     }
 
-    fn visit_string<E>(self, s: String) -> Result<Node<'de>, E> {
-        Ok(Node::String(Cow::Owned(s)))
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Node<'de>, E> {
+        TextVisitor.visit_string(s).map(|Text(t)| Node::String(t))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node<'de>, A::Error> {
