@@ -3,8 +3,9 @@
 //!
 //! 2xx: mark the key completed with a snapshot of the answer (a failed mark
 //! is retried in the background for as long as the claim's lease can still
-//! hold; the sender still gets its 2xx, since the app did the work). Anything else: release the key so the sender's retry
-//! gets through, and pass the app's answer (or 502/504) back.
+//! hold; the sender still gets its 2xx, since the app did the work).
+//! Anything else: release the key so the sender's retry gets through, and
+//! pass the app's answer (or 502/504) back.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -48,14 +48,15 @@ pub fn unshare(head: &mut request::Parts, body: Bytes) -> Bytes {
         .uri
         .path_and_query()
         .filter(|_| head.uri.authority().is_none())
-        .map(|pq| pq.as_str().to_owned());
+        .map(|pq| pq.as_str());
     let head_len: usize = head.headers.values().map(HeaderValue::len).sum();
-    let path_len = path.as_ref().map_or(0, String::len);
+    let path_len = path.map_or(0, str::len);
     let mut buf = BytesMut::with_capacity(head_len + path_len + body.len());
     for value in head.headers.values() {
         buf.extend_from_slice(value.as_bytes());
     }
-    if let Some(path) = &path {
+    let has_path = path.is_some();
+    if let Some(path) = path {
         buf.extend_from_slice(path.as_bytes());
     }
     buf.extend_from_slice(&body);
@@ -69,9 +70,7 @@ pub fn unshare(head: &mut request::Parts, body: Bytes) -> Bytes {
         }
     }
     let path_copy = owned.split_to(path_len);
-    if path.is_some()
-        && let Ok(uri) = Uri::from_maybe_shared(path_copy)
-    {
+    if has_path && let Ok(uri) = Uri::from_maybe_shared(path_copy) {
         head.uri = uri;
     }
     owned
