@@ -245,11 +245,8 @@ mod reference {
             v @ (Value::Number(_) | Value::Bool(_)) => v.to_string(),
             _ => return None,
         };
-        let key = text.trim().to_lowercase();
-        let usable = !key.is_empty()
-            && key.len() <= crate::key::MAX_KEY_BYTES
-            && !key.chars().any(char::is_control);
-        usable.then_some(key)
+        // Normalizing did not change with the tree: the gate's own.
+        crate::key::normalize(&text).ok().flatten()
     }
 
     pub fn canonical(body: &[u8], volatile: &[String]) -> Option<Vec<u8>> {

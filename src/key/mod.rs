@@ -167,7 +167,7 @@ fn header_text(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
 
 /// Trims and lower-cases; an empty key is no key. Keys travel in a header
 /// and into every store, so control characters and excess length are refused.
-fn normalize(raw: &str) -> Result<Option<String>, KeyError> {
+pub(crate) fn normalize(raw: &str) -> Result<Option<String>, KeyError> {
     let key = raw.trim().to_lowercase();
     if key.is_empty() {
         return Ok(None);
