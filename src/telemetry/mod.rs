@@ -1,11 +1,14 @@
 //! Logs: one typed record per delivery, written as one JSON line.
 //!
 //! [`DeliveryRecord`] is the single place where a delivery's outcome is
-//! reported, so the log line and (later) the counters cannot disagree.
+//! reported, so the log line and the counters cannot disagree.
 
 use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
+
+mod json_line;
+pub use json_line::JsonLine;
 
 use crate::error::GateError;
 use crate::metrics::Metrics;
@@ -14,10 +17,7 @@ use crate::metrics::Metrics;
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_current_span(false)
-        .with_span_list(false)
+        .event_format(JsonLine)
         .with_env_filter(filter)
         .with_writer(std::io::stdout)
         .try_init();
@@ -84,7 +84,7 @@ impl DeliveryRecord {
         if self.outcome == "forwarded" || self.outcome == "duplicate" {
             tracing::info!(
                 target: "hookgate::delivery",
-                provider = %self.provider,
+                provider = self.provider.as_str(),
                 key = self.key.as_deref(),
                 verification = self.verification,
                 dedupe = self.dedupe,
@@ -98,7 +98,7 @@ impl DeliveryRecord {
         } else {
             tracing::warn!(
                 target: "hookgate::delivery",
-                provider = %self.provider,
+                provider = self.provider.as_str(),
                 key = self.key.as_deref(),
                 verification = self.verification,
                 dedupe = self.dedupe,
