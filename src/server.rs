@@ -90,8 +90,11 @@ pub async fn serve<F, Fut>(
                 let conn = Conn { peer, tls: tls.is_some() };
                 let handler = handler.clone();
                 let service = service_fn(move |req| {
-                    let response = handler(req, conn);
-                    async move { Ok::<_, Infallible>(response.await) }
+                    // The handler's future is made inside the block: one
+                    // made outside and awaited inside would be held twice
+                    // in hyper's per-connection state.
+                    let handler = handler.clone();
+                    async move { Ok::<_, Infallible>(handler(req, conn).await) }
                 });
                 let builder = builder.clone();
                 let watcher = graceful.watcher();

@@ -98,7 +98,7 @@ async fn claim_all(cx: &mut Context, items: &[BatchItem]) -> Result<Claimed, Gat
             continue;
         }
         let outcome = gate
-            .timed("claim", gate.store.claim(&key, &item.fingerprint, lease))
+            .timed("claim", || gate.store.claim(&key, &item.fingerprint, lease))
             .await;
         let existing = match outcome {
             Ok(Claim::Fresh(token)) => {

@@ -54,11 +54,10 @@ pub async fn claim(cx: &mut Context, identity: &Identity) -> Result<Decision, Ga
     let settings = &gate.providers[cx.provider].settings;
     let lease = gate.settings.dedupe.lease;
     let claim = gate
-        .timed(
-            "claim",
+        .timed("claim", || {
             gate.store
-                .claim(&identity.key, &identity.fingerprint, lease),
-        )
+                .claim(&identity.key, &identity.fingerprint, lease)
+        })
         .await?;
     let existing = match claim {
         Claim::Fresh(token) => {

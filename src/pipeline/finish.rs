@@ -53,7 +53,10 @@ pub async fn claimed(
 /// Releases claims so that the sender's retry gets through at once.
 pub async fn release(gate: &Gate, held: &[Held]) {
     for (key, token) in held {
-        if let Err(e) = gate.timed("release", gate.store.release(key, token)).await {
+        if let Err(e) = gate
+            .timed("release", || gate.store.release(key, token))
+            .await
+        {
             // The lease expires on its own; the sender's retry waits for it.
             tracing::warn!(key = %key, error = %e, "release failed; the lease will expire");
         }
@@ -69,7 +72,7 @@ async fn mark(
     snapshot: &Snapshot,
 ) {
     let retention = gate.providers[provider].settings.retention;
-    let marked = gate.store.complete(&key, &token, snapshot, retention);
+    let marked = || gate.store.complete(&key, &token, snapshot, retention);
     match gate.timed("complete", marked).await {
         Ok(true) => {}
         Ok(false) => {
@@ -173,7 +176,7 @@ fn spawn_mark_retry(
             }
             tokio::time::sleep(pause).await;
             gate.metrics.mark_retry(&provider);
-            let marked = gate.store.complete(&key, &token, &snapshot, retention);
+            let marked = || gate.store.complete(&key, &token, &snapshot, retention);
             match gate.timed("complete", marked).await {
                 Ok(true) => {
                     tracing::info!(key = %key, attempt, "mark retry succeeded");

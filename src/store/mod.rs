@@ -200,6 +200,11 @@ enum Dispatch {
     Postgres(PostgresStore),
 }
 
+/// A future over the enum is as large as its largest arm, and every
+/// delivery in flight holds one. tokio-postgres's futures are about 2.6 KiB
+/// against at most 0.5 KiB for the other backends, so the postgres arm is
+/// boxed: one allocation beside a network round trip, and 2 KiB less for
+/// each delivery on every backend (docs/BENCHMARKS.md, Memory).
 macro_rules! dispatch {
     ($self:ident, $s:ident => $call:expr) => {{
         let fut = async {
@@ -207,7 +212,7 @@ macro_rules! dispatch {
                 Dispatch::Memory($s) => $call.await,
                 Dispatch::Sqlite($s) => $call.await,
                 Dispatch::Redis($s) => $call.await,
-                Dispatch::Postgres($s) => $call.await,
+                Dispatch::Postgres($s) => Box::pin($call).await,
             }
         };
         match tokio::time::timeout($self.op_timeout, fut).await {
