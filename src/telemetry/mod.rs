@@ -8,7 +8,7 @@ use std::time::Instant;
 use tracing_subscriber::EnvFilter;
 
 mod json_line;
-pub use json_line::JsonLine;
+use json_line::JsonLine;
 
 use crate::error::GateError;
 use crate::metrics::Metrics;
