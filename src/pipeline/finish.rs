@@ -72,8 +72,8 @@ async fn mark(
     snapshot: &Snapshot,
 ) {
     let retention = gate.providers[provider].settings.retention;
-    let marked = || gate.store.complete(&key, &token, snapshot, retention);
-    match gate.timed("complete", marked).await {
+    let complete = || gate.store.complete(&key, &token, snapshot, retention);
+    match gate.timed("complete", complete).await {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!(key = %key, "claim lost before the mark: the lease had expired");
@@ -176,8 +176,8 @@ fn spawn_mark_retry(
             }
             tokio::time::sleep(pause).await;
             gate.metrics.mark_retry(&provider);
-            let marked = || gate.store.complete(&key, &token, &snapshot, retention);
-            match gate.timed("complete", marked).await {
+            let complete = || gate.store.complete(&key, &token, &snapshot, retention);
+            match gate.timed("complete", complete).await {
                 Ok(true) => {
                     tracing::info!(key = %key, attempt, "mark retry succeeded");
                     return;

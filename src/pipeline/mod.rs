@@ -44,9 +44,7 @@ impl Context {
 pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
     let Some(index) = gate.route(req.uri().path()) else {
         return if gate.settings.upstream.passthrough {
-            // Boxed: the passthrough's future would otherwise double the
-            // size of every delivery's connection state.
-            Box::pin(passthrough::forward(&gate, req, conn)).await
+            passthrough::forward(&gate, req, conn).await
         } else {
             GateError::UnknownRoute.to_response()
         };
@@ -54,9 +52,7 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     let provider = &gate.providers[index].settings;
     if req.method() != Method::POST {
         return if provider.passthrough_methods.contains(req.method()) {
-            // Boxed: the passthrough's future would otherwise double the
-            // size of every delivery's connection state.
-            Box::pin(passthrough::forward(&gate, req, conn)).await
+            passthrough::forward(&gate, req, conn).await
         } else {
             GateError::MethodNotAllowed.to_response()
         };

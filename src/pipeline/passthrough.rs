@@ -2,6 +2,9 @@
 //! provider lists in `passthrough_methods`): proxied unchanged and streamed,
 //! with no verification and no dedupe.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use http::{Request, Response, Version};
 use hyper::body::Incoming;
 
@@ -13,7 +16,20 @@ use crate::server::Conn;
 use crate::upstream::{UpstreamError, strip_hop_by_hop};
 
 /// Proxies the request and streams the answer back.
-pub async fn forward(gate: &Gate, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
+///
+/// The future is boxed: hyper keeps each connection's request handler
+/// future for the connection's life, and this one (about 1.3 KiB) held
+/// inline would make every connection that large, for a path most
+/// deployments never take (docs/BENCHMARKS.md, finding 10).
+pub fn forward(
+    gate: &Gate,
+    req: Request<Incoming>,
+    conn: Conn,
+) -> Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send + '_>> {
+    Box::pin(proxy(gate, req, conn))
+}
+
+async fn proxy(gate: &Gate, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
     match call(gate, req, conn).await {
         Ok(response) => response,
         Err(UpstreamError::Timeout(d)) => GateError::UpstreamTimeout(d).to_response(),
