@@ -128,51 +128,40 @@ fn push_json<T: serde::Serialize + ?Sized>(line: &mut Vec<u8>, value: &T) {
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
-    use std::time::Duration;
 
-    use tracing_subscriber::fmt::MakeWriter;
+    use tracing_subscriber::layer::SubscriberExt as _;
 
     use super::*;
 
-    /// Collects what the subscriber writes.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
+    /// The line `emit`'s one event formats to, at the time `now`.
+    fn capture_line_at(now: SystemTime, emit: impl FnOnce()) -> String {
+        struct AtTime(SystemTime, Arc<Mutex<String>>);
+        impl<S: Subscriber> tracing_subscriber::Layer<S> for AtTime {
+            fn on_event(&self, event: &Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+                let line = format_line(event, self.0);
+                self.1
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8(line).unwrap());
+            }
         }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Captured {
-        type Writer = Self;
-        fn make_writer(&'a self) -> Self {
-            self.clone()
-        }
-    }
-
-    fn lines_of(emit: impl FnOnce()) -> Vec<serde_json::Value> {
-        let captured = Captured::default();
-        let subscriber = tracing_subscriber::fmt()
-            .event_format(JsonLine)
-            .with_writer(captured.clone())
-            .finish();
+        let out = Arc::new(Mutex::new(String::new()));
+        let subscriber = tracing_subscriber::registry().with(AtTime(now, out.clone()));
         tracing::subscriber::with_default(subscriber, emit);
-        let bytes = captured.0.lock().unwrap().clone();
-        let text = String::from_utf8(bytes).unwrap();
-        assert!(text.ends_with('\n'), "{text:?}");
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect()
+        out.lock().unwrap().clone()
+    }
+
+    /// `emit`'s one event, formatted now and parsed back.
+    fn json_of(emit: impl FnOnce()) -> serde_json::Value {
+        let line = capture_line_at(SystemTime::now(), emit);
+        assert!(line.ends_with('\n'), "{line:?}");
+        assert_eq!(line.lines().count(), 1, "{line:?}");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     }
 
     #[test]
     fn every_field_kind_is_written_as_json_with_timestamp_level_and_target() {
-        let lines = lines_of(|| {
+        let line = json_of(|| {
             tracing::warn!(
                 target: "hookgate::delivery",
                 provider = "stripe",
@@ -189,8 +178,6 @@ mod tests {
                 7
             );
         });
-        assert_eq!(lines.len(), 1);
-        let line = &lines[0];
         assert_eq!(line["level"], "WARN");
         assert_eq!(line["target"], "hookgate::delivery");
         assert_eq!(line["message"], "delivery 7");
@@ -216,14 +203,15 @@ mod tests {
             .filter_map(char::from_u32)
             .chain(['\u{2028}', '\u{fffd}', 'é', '😀'])
             .collect();
-        let lines = lines_of(|| tracing::info!(key = nasty.as_str(), "{}", nasty));
-        assert_eq!(lines[0]["key"], nasty.as_str());
-        assert_eq!(lines[0]["message"], nasty.as_str());
+        let line = json_of(|| tracing::info!(key = nasty.as_str(), "{}", nasty));
+        assert_eq!(line["key"], nasty.as_str());
+        assert_eq!(line["message"], nasty.as_str());
     }
 
     #[test]
     fn a_clock_after_9999_logs_the_last_writable_second_instead_of_panicking() {
-        let line = capture_line_at(UNIX_EPOCH + LAST_WRITABLE + Duration::from_secs(86_400));
+        let far = UNIX_EPOCH + LAST_WRITABLE + Duration::from_secs(86_400);
+        let line = capture_line_at(far, || tracing::info!("at a time"));
         assert!(
             line.starts_with("{\"timestamp\":\"9999-12-31T23:59:59.000000Z\""),
             "{line}"
@@ -232,7 +220,8 @@ mod tests {
 
     #[test]
     fn a_clock_before_1970_logs_the_epoch_instead_of_panicking() {
-        let line = capture_line_at(UNIX_EPOCH - Duration::from_secs(5));
+        let before = UNIX_EPOCH - Duration::from_secs(5);
+        let line = capture_line_at(before, || tracing::info!("at a time"));
         assert!(
             line.starts_with("{\"timestamp\":\"1970-01-01T00:00:00.000000Z\",\"level\":\"INFO\""),
             "{line}"
@@ -241,21 +230,5 @@ mod tests {
             line.ends_with("\"target\":\"hookgate::telemetry::json_line::tests\"}\n"),
             "{line}"
         );
-    }
-
-    /// Formats one event at a chosen time, outside any subscriber's clock.
-    fn capture_line_at(now: SystemTime) -> String {
-        struct AtTime(SystemTime, Arc<Mutex<String>>);
-        impl<S: Subscriber> tracing_subscriber::Layer<S> for AtTime {
-            fn on_event(&self, event: &Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-                let line = format_line(event, self.0);
-                *self.1.lock().unwrap() = String::from_utf8(line).unwrap();
-            }
-        }
-        use tracing_subscriber::layer::SubscriberExt as _;
-        let out = Arc::new(Mutex::new(String::new()));
-        let subscriber = tracing_subscriber::registry().with(AtTime(now, out.clone()));
-        tracing::subscriber::with_default(subscriber, || tracing::info!("at a time"));
-        out.lock().unwrap().clone()
     }
 }
