@@ -124,9 +124,18 @@ mod tests {
 
     #[test]
     fn the_wal_stays_bounded_under_steady_commits() {
-        let largest = largest_wal_under_steady_commits(64);
-        // 20,000 commits of a page or two each: 166 MB of WAL with PASSIVE
-        // checkpoints alone, which the writer outruns; 2 to 4 MB here.
-        assert!(largest < 16 << 20, "the WAL grew to {largest} bytes");
+        // 20,000 commits of a page or two each: about 166 MB of WAL with
+        // PASSIVE checkpoints alone, which the writer outruns, whatever the
+        // scheduler does. With RESTART the peak is 2 to 4 MB on an idle
+        // machine, but how soon the checkpoint thread runs is up to a
+        // scheduler shared with every other test (it reached 19.8 MB once
+        // in CI), so the check compares with the run without RESTART on
+        // the same machine rather than with a fixed size.
+        let unbounded = largest_wal_under_steady_commits(i64::MAX);
+        let bounded = largest_wal_under_steady_commits(64);
+        assert!(
+            bounded * 4 < unbounded,
+            "the WAL grew to {bounded} bytes with RESTART, {unbounded} without"
+        );
     }
 }
