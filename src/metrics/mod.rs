@@ -42,6 +42,8 @@ trait Recorder: Send + Sync {
     fn store(&self, backend: &'static str, operation: &'static str, elapsed: Duration);
     /// A background retry of a failed completion mark.
     fn mark_retry(&self, provider: &str);
+    /// Something a sender should never do, by kind (`payload_mismatch`).
+    fn anomaly(&self, provider: &str, kind: &'static str);
     /// The postgres store's partition maintenance.
     fn partition_health(&self, health: &PartitionHealth);
 }
@@ -88,6 +90,10 @@ impl Metrics {
 
     pub fn mark_retry(&self, provider: &str) {
         self.each(|r| r.mark_retry(provider));
+    }
+
+    pub fn anomaly(&self, provider: &str, kind: &'static str) {
+        self.each(|r| r.anomaly(provider, kind));
     }
 
     pub fn partition_health(&self, health: &PartitionHealth) {

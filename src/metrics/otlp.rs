@@ -48,6 +48,7 @@ pub struct Otlp {
     store_duration: Histogram<f64>,
     secret_matches: Counter<u64>,
     mark_retries: Counter<u64>,
+    anomalies: Counter<u64>,
     estimated_rows: Gauge<u64>,
     oldest_age_seconds: Gauge<u64>,
     ahead: Gauge<u64>,
@@ -100,6 +101,12 @@ impl Otlp {
             mark_retries: meter
                 .u64_counter("hookgate_mark_retries_total")
                 .with_description("Background retries of a failed completion mark")
+                .build(),
+            anomalies: meter
+                .u64_counter("hookgate_anomalies_total")
+                .with_description(
+                    "Deliveries a sender should never make, by kind (payload_mismatch)",
+                )
                 .build(),
             estimated_rows: meter.u64_gauge("hookgate_postgres_estimated_rows").build(),
             oldest_age_seconds: meter
@@ -180,6 +187,11 @@ impl Recorder for Otlp {
 
     fn mark_retry(&self, provider: &str) {
         self.mark_retries.add(1, &[provider_label(provider)]);
+    }
+
+    fn anomaly(&self, provider: &str, kind: &'static str) {
+        self.anomalies
+            .add(1, &[provider_label(provider), KeyValue::new("kind", kind)]);
     }
 
     fn partition_health(&self, health: &PartitionHealth) {

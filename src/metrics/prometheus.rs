@@ -36,6 +36,12 @@ struct StoreLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AnomalyLabels {
+    provider: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SecretLabels {
     provider: String,
     secret: String,
@@ -52,6 +58,7 @@ pub struct Prometheus {
     store_duration: Histograms<StoreLabels>,
     secret_matches: Family<SecretLabels, Counter>,
     mark_retries: Family<ProviderLabels, Counter>,
+    anomalies: Family<AnomalyLabels, Counter>,
     partitions: PartitionGauges,
 }
 
@@ -84,6 +91,7 @@ impl Prometheus {
         let store_duration = Histograms::new_with_constructor(latency as fn() -> Histogram);
         let secret_matches = Family::default();
         let mark_retries = Family::default();
+        let anomalies = Family::default();
         // prometheus-client appends `_total` to counters.
         registry.register(
             "hookgate_deliveries",
@@ -115,6 +123,11 @@ impl Prometheus {
             "Background retries of a failed completion mark",
             mark_retries.clone(),
         );
+        registry.register(
+            "hookgate_anomalies",
+            "Deliveries a sender should never make, by kind (payload_mismatch)",
+            anomalies.clone(),
+        );
         let partitions = PartitionGauges::default();
         registry.register(
             "hookgate_postgres_estimated_rows",
@@ -145,6 +158,7 @@ impl Prometheus {
             store_duration,
             secret_matches,
             mark_retries,
+            anomalies,
         }
     }
 
@@ -200,6 +214,15 @@ impl Recorder for Prometheus {
             .inc();
     }
 
+    fn anomaly(&self, provider: &str, kind: &'static str) {
+        self.anomalies
+            .get_or_create(&AnomalyLabels {
+                provider: provider.to_owned(),
+                kind,
+            })
+            .inc();
+    }
+
     fn partition_health(&self, health: &PartitionHealth) {
         let g = &self.partitions;
         g.estimated_rows
@@ -228,6 +251,7 @@ mod tests {
         m.delivery("stripe", "forwarded", Duration::from_millis(3));
         m.secret_match("stripe", 1);
         m.mark_retry("stripe");
+        m.anomaly("stripe", "payload_mismatch");
         m.store("sqlite", "claim", Duration::from_micros(300));
         m.upstream("stripe", Duration::from_millis(2));
         let text = m.encode();
@@ -235,6 +259,7 @@ mod tests {
             "hookgate_deliveries_total{provider=\"stripe\",outcome=\"forwarded\"} 1",
             "hookgate_secret_matches_total{provider=\"stripe\",secret=\"1\"} 1",
             "hookgate_mark_retries_total{provider=\"stripe\"} 1",
+            "hookgate_anomalies_total{provider=\"stripe\",kind=\"payload_mismatch\"} 1",
             "hookgate_request_duration_seconds_count{provider=\"stripe\",outcome=\"forwarded\"} 1",
             "hookgate_upstream_duration_seconds_count{provider=\"stripe\"} 1",
             "hookgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"claim\"} 1",
