@@ -145,18 +145,40 @@ impl KeyPart {
     fn value(&self, payload: &Payload<'_>) -> Result<Option<String>, KeyError> {
         Ok(match self {
             Self::Header(names) => names.iter().find_map(|n| header_text(payload.headers, n)),
-            Self::Json(pointer) => payload
-                .json()?
-                .pointer(pointer)
-                .and_then(Node::key_text)
-                .map(|text| text.into_owned()),
-            Self::Form(field) => payload
-                .form()?
-                .iter()
-                .find(|(k, _)| k == field)
-                .map(|(_, v)| v.clone()),
+            // A source that does not apply to the body's content type finds
+            // no key (`on_missing_key` decides); a body that claims a type
+            // and does not parse as it is a bad payload.
+            Self::Json(pointer) => match payload.content {
+                Content::Json => json_key(payload.json()?, pointer),
+                // A form whose `payload` field is JSON (GitHub's form
+                // deliveries, Slack's interactivity).
+                Content::Form => payload
+                    .form()?
+                    .iter()
+                    .find(|(k, _)| k == "payload")
+                    .and_then(|(_, v)| json_key(&Node::parse(v.as_bytes())?, pointer)),
+                Content::Other => payload.json().ok().and_then(|j| json_key(j, pointer)),
+            },
+            Self::Form(field) => match payload.content {
+                Content::Json => None,
+                Content::Form => form_value(payload.form()?, field),
+                Content::Other => payload.form().ok().and_then(|f| form_value(f, field)),
+            },
         })
     }
+}
+
+fn json_key(root: &Node<'_>, pointer: &str) -> Option<String> {
+    root.pointer(pointer)
+        .and_then(Node::key_text)
+        .map(|text| text.into_owned())
+}
+
+fn form_value(pairs: &[(String, String)], field: &str) -> Option<String> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == field)
+        .map(|(_, v)| v.clone())
 }
 
 fn header_text(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
@@ -194,11 +216,46 @@ pub enum KeyError {
     Invalid(&'static str),
 }
 
+/// What a body says it is, by its `Content-Type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Content {
+    /// `application/json` or a `+json` type: it must parse as JSON.
+    Json,
+    /// `application/x-www-form-urlencoded`: it must parse as a form.
+    Form,
+    /// Anything else, or no type: read as whatever it parses as.
+    Other,
+}
+
+impl Content {
+    fn of(headers: &HeaderMap) -> Self {
+        let Some(value) = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return Self::Other;
+        };
+        let essence = value.split(';').next().unwrap_or("").trim();
+        if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+            Self::Form
+        } else if essence.eq_ignore_ascii_case("application/json")
+            || essence
+                .get(essence.len().saturating_sub(5)..)
+                .is_some_and(|tail| tail.eq_ignore_ascii_case("+json"))
+        {
+            Self::Json
+        } else {
+            Self::Other
+        }
+    }
+}
+
 /// The raw body with lazily parsed views, so that key extraction and the
 /// fingerprint parse it at most once.
 pub struct Payload<'a> {
     pub raw: &'a [u8],
     pub headers: &'a HeaderMap,
+    content: Content,
     json: OnceCell<Option<Node<'a>>>,
     form: OnceCell<Option<Vec<(String, String)>>>,
 }
@@ -208,6 +265,7 @@ impl<'a> Payload<'a> {
         Self {
             raw,
             headers,
+            content: Content::of(headers),
             json: OnceCell::new(),
             form: OnceCell::new(),
         }
@@ -235,17 +293,6 @@ impl<'a> Payload<'a> {
             .ok_or(KeyError::NotForm)
     }
 
-    fn is_form(&self) -> bool {
-        self.headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| {
-                ct.trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("application/x-www-form-urlencoded")
-            })
-    }
-
     /// Splits a JSON array body into its elements, each with its key (at
     /// `pointer`) and fingerprint. `Ok(None)`: an element has no key, or
     /// the array is empty.
@@ -255,8 +302,15 @@ impl<'a> Payload<'a> {
         mode: FingerprintMode,
         volatile: &[String],
     ) -> Result<Option<Vec<BatchItem>>, KeyError> {
-        let elements: Vec<&serde_json::value::RawValue> =
-            serde_json::from_slice(self.raw).map_err(|_| KeyError::NotJson)?;
+        let parsed = match self.content {
+            Content::Form => return Ok(None),
+            Content::Json => serde_json::from_slice(self.raw).map_err(|_| KeyError::NotJson)?,
+            Content::Other => match serde_json::from_slice(self.raw) {
+                Ok(elements) => elements,
+                Err(_) => return Ok(None),
+            },
+        };
+        let elements: Vec<&serde_json::value::RawValue> = parsed;
         if elements.is_empty() {
             return Ok(None);
         }
@@ -303,7 +357,10 @@ impl<'a> Payload<'a> {
                     let mut out = Vec::with_capacity(self.raw.len());
                     json.write_canonical(&mut out);
                     Sha256::digest(&out)
-                } else if let Some(pairs) = self.is_form().then(|| self.form().ok()).flatten() {
+                } else if let Some(pairs) = (self.content == Content::Form)
+                    .then(|| self.form().ok())
+                    .flatten()
+                {
                     let mut pairs = pairs.to_vec();
                     pairs.sort();
                     let canonical = form_urlencoded::Serializer::new(String::new())
@@ -349,8 +406,54 @@ mod tests {
             Ok(Some("sm1:sent".into()))
         );
         assert_eq!(key(&["form:A", "form:B"], &h, b"A=1"), Ok(None));
-        assert_eq!(key(&["json:/id"], &h, b"{not json"), Err(KeyError::NotJson));
         assert_eq!(key(&["json:/id"], &h, br#"{"id":"  "}"#), Ok(None));
+    }
+
+    #[test]
+    fn a_source_applies_only_to_its_content_type() {
+        let typed = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("content-type", ct.parse().unwrap());
+            h
+        };
+        let json = typed("application/json; charset=utf-8");
+        let form = typed("application/x-www-form-urlencoded");
+        let none = HeaderMap::new();
+        // A body that claims JSON and is not: bad payload.
+        assert_eq!(
+            key(&["json:/id"], &json, b"{not json"),
+            Err(KeyError::NotJson)
+        );
+        assert_eq!(
+            key(&["json:/id"], &typed("application/cloudevents+json"), b"["),
+            Err(KeyError::NotJson)
+        );
+        // A body that claims nothing: read as what it parses as.
+        assert_eq!(key(&["json:/id"], &none, b"{not json"), Ok(None));
+        assert_eq!(
+            key(&["json:/id"], &none, br#"{"id":"E"}"#),
+            Ok(Some("e".into()))
+        );
+        // A json key on a form: the `payload` field's JSON, else no key.
+        let slash = b"command=%2Fdeploy&text=now";
+        assert_eq!(key(&["json:/event_id"], &form, slash), Ok(None));
+        let interactive =
+            b"payload=%7B%22type%22%3A%22block_actions%22%2C%22event_id%22%3A%22Ev9%22%7D";
+        assert_eq!(
+            key(&["json:/event_id"], &form, interactive),
+            Ok(Some("ev9".into()))
+        );
+        assert_eq!(key(&["json:/x"], &form, b"payload=%7Bbroken"), Ok(None));
+        // A form key on a JSON body: no key.
+        assert_eq!(
+            key(&["form:MessageSid"], &json, br#"{"MessageSid":"SM1"}"#),
+            Ok(None)
+        );
+        assert_eq!(
+            key(&["form:MessageSid"], &form, b"MessageSid=SM1"),
+            Ok(Some("sm1".into()))
+        );
+        assert_eq!(key(&["form:A"], &form, b"A=\xff"), Err(KeyError::NotForm));
     }
 
     #[test]
@@ -424,11 +527,20 @@ mod tests {
             p.batch("/sg_event_id", FingerprintMode::Canonical, &[]),
             Ok(None)
         );
-        let p = Payload::new(b"{\"not\":\"an array\"}", &h);
+        let mut json = HeaderMap::new();
+        json.insert("content-type", "application/json".parse().unwrap());
+        let p = Payload::new(b"{\"not\":\"an array\"}", &json);
         assert_eq!(
             p.batch("/id", FingerprintMode::Raw, &[]),
             Err(KeyError::NotJson)
         );
+        let mut form = HeaderMap::new();
+        form.insert(
+            "content-type",
+            "application/x-www-form-urlencoded".parse().unwrap(),
+        );
+        let p = Payload::new(b"a=1", &form);
+        assert_eq!(p.batch("/id", FingerprintMode::Raw, &[]), Ok(None));
     }
 
     #[test]

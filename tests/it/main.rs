@@ -12,6 +12,7 @@ mod operate;
 mod otlp;
 mod schemes;
 mod secrets;
+mod slack_forms;
 mod store_conformance;
 mod store_faults;
 mod support;

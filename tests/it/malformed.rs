@@ -281,10 +281,12 @@ fn cases() -> Vec<Case> {
             "forwarded",
         ),
         gate(
+            // A key source that does not apply to the content type finds no
+            // key (SPEC section 1): Stripe's on_missing_key is reject.
             "form body to a JSON key",
             with_content_type("application/x-www-form-urlencoded", b"id=evt_form"),
             400,
-            "bad_payload",
+            "missing_key",
         ),
         gate(
             "multipart to a JSON key",
@@ -293,7 +295,7 @@ fn cases() -> Vec<Case> {
                 b"--x\r\nContent-Disposition: form-data; name=\"id\"\r\n\r\nevt\r\n--x--\r\n",
             ),
             400,
-            "bad_payload",
+            "missing_key",
         ),
         // Methods.
         gate(
