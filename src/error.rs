@@ -38,6 +38,8 @@ pub enum GateError {
     MissingKey,
     #[error("payload does not parse: {0}")]
     BadPayload(String),
+    #[error("the path reaches a provider only through an ambiguous spelling")]
+    BadPath,
     #[error("no provider path matches")]
     UnknownRoute,
     #[error("method not allowed on a provider path")]
@@ -58,6 +60,8 @@ pub enum GateError {
     StoreUnavailable(#[from] StoreError),
     #[error("upstream did not answer within {0:?}")]
     UpstreamTimeout(Duration),
+    #[error("defect in the gate: {0}")]
+    Internal(String),
 }
 
 impl GateError {
@@ -68,6 +72,7 @@ impl GateError {
             Self::StaleTimestamp { .. } => "stale_timestamp",
             Self::MissingKey => "missing_key",
             Self::BadPayload(_) => "bad_payload",
+            Self::BadPath => "bad_path",
             Self::UnknownRoute => "unknown_route",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::InFlight { .. } => "in_flight",
@@ -78,15 +83,17 @@ impl GateError {
             Self::UpstreamUnreachable(_) => "upstream_unreachable",
             Self::StoreUnavailable(_) => "store_unavailable",
             Self::UpstreamTimeout(_) => "upstream_timeout",
+            Self::Internal(_) => "internal_error",
         }
     }
 
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidSignature { status, .. } => *status,
-            Self::StaleTimestamp { .. } | Self::MissingKey | Self::BadPayload(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::StaleTimestamp { .. }
+            | Self::MissingKey
+            | Self::BadPayload(_)
+            | Self::BadPath => StatusCode::BAD_REQUEST,
             Self::UnknownRoute => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::InFlight { .. } => StatusCode::CONFLICT,
@@ -97,13 +104,14 @@ impl GateError {
             Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     pub fn side(&self) -> Side {
         match self {
             Self::UpstreamUnreachable(_) | Self::UpstreamTimeout(_) => Side::Upstream,
-            Self::StoreUnavailable(_) => Side::Internal,
+            Self::StoreUnavailable(_) | Self::Internal(_) => Side::Internal,
             _ => Side::Downstream,
         }
     }
@@ -115,6 +123,7 @@ impl GateError {
             Self::StaleTimestamp { .. } => "The signed timestamp is outside the accepted window.",
             Self::MissingKey => "The delivery carries no idempotency key.",
             Self::BadPayload(_) => "The payload could not be parsed to find its idempotency key.",
+            Self::BadPath => "The path is an ambiguous spelling of a webhook path.",
             Self::UnknownRoute => "No webhook provider is configured for this path.",
             Self::MethodNotAllowed => "Webhook deliveries must use POST.",
             Self::InFlight { .. } => "This event is being processed; retry later.",
@@ -127,6 +136,7 @@ impl GateError {
             Self::UpstreamUnreachable(_) => "The application could not be reached.",
             Self::StoreUnavailable(_) => "The dedupe store is unavailable; retry later.",
             Self::UpstreamTimeout(_) => "The application did not answer in time.",
+            Self::Internal(_) => "The gate failed on this delivery; retry later.",
         }
     }
 

@@ -11,6 +11,7 @@ use std::time::Instant;
 use crate::StartError;
 use crate::metrics::Metrics;
 use crate::ratelimit::{ProviderLimit, SourceLimit};
+use crate::route::{Route, RouteSpec, Routes};
 use crate::secret::{RELOAD_INTERVAL, SecretSet};
 use crate::settings::{ProviderSettings, Settings};
 use crate::store::{Backend, LeaseToken, ScopedKey, Store};
@@ -27,7 +28,7 @@ pub struct Provider {
 pub struct Gate {
     pub settings: Settings,
     pub providers: Vec<Provider>,
-    routes: HashMap<String, usize>,
+    routes: Routes,
     pub store: Store,
     pub upstream: Upstream,
     pub metrics: Metrics,
@@ -74,11 +75,10 @@ impl Gate {
             })
             .collect();
         let settings_source_limit = settings.server.per_source_rate_limit.map(SourceLimit::new);
-        let routes = providers
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.settings.path.clone(), i))
-            .collect();
+        let routes = Routes::new(providers.iter().map(|p| RouteSpec {
+            path: &p.settings.path,
+            case_sensitive: p.settings.case_sensitive_path,
+        }));
         let gate = Arc::new(Self {
             upstream,
             tls,
@@ -147,9 +147,10 @@ impl Gate {
         released
     }
 
-    /// The provider whose `path` is exactly `path`.
-    pub fn route(&self, path: &str) -> Option<usize> {
-        self.routes.get(path).copied()
+    /// Where a request path goes: a provider's delivery whatever its
+    /// spelling, refused when ambiguous, else not a delivery.
+    pub fn route(&self, path: &str) -> Route {
+        self.routes.route(path)
     }
 }
 

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod provider;
 pub mod ratelimit;
+pub mod route;
 pub mod secret;
 pub mod server;
 pub mod settings;

@@ -23,6 +23,17 @@ pub struct Settings {
     pub dedupe: DedupeSettings,
     pub telemetry: TelemetrySettings,
     pub providers: Vec<ProviderSettings>,
+    #[doc(hidden)]
+    pub faults: Faults,
+}
+
+/// Defects injected by tests, to prove how the gate contains them. Never
+/// read from configuration: only code that builds `Settings` can set them.
+#[doc(hidden)]
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Panic in the delivery task once its claims are held.
+    pub panic_after_claim: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -93,4 +104,6 @@ pub struct ProviderSettings {
     pub rate_limit: Option<Rate>,
     pub upstream_path: Option<String>,
     pub passthrough_methods: Vec<Method>,
+    /// Route on the path's exact ASCII case (it is folded by default).
+    pub case_sensitive_path: bool,
 }

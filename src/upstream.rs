@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName};
 use http::{Request, Response, Uri};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -19,7 +19,8 @@ use crate::tls::TlsError;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 
 /// The most of an upstream answer the gate buffers for a delivery. Webhook
-/// answers are small; a larger one is treated as a failed call.
+/// answers are small; the rest of a larger one is not read (the answer
+/// counts as cut, its status still stands).
 const MAX_BUFFERED_RESPONSE: usize = 8 * 1024 * 1024;
 
 /// Why a call to the application failed.
@@ -33,10 +34,14 @@ pub enum UpstreamError {
     Other(String),
 }
 
-/// A fully read upstream answer.
+/// An upstream answer: its head, and its body as far as it was read.
 pub struct Buffered {
     pub parts: http::response::Parts,
     pub body: Bytes,
+    /// Why the body is not whole, when it is not: over the read limit,
+    /// broken off, or not finished within the timeout. The head stands
+    /// (SPEC section 1, finish: the status decides).
+    pub cut: Option<String>,
 }
 
 pub struct Upstream {
@@ -88,27 +93,28 @@ impl Upstream {
             .map_err(|e| UpstreamError::Other(e.to_string()))
     }
 
-    /// Sends a delivery and reads the whole answer, all within the timeout,
-    /// which includes waiting for one of the `max_connections` call slots.
+    /// Sends a delivery and reads the answer, all within the timeout, which
+    /// includes waiting for one of the `max_connections` call slots. Once
+    /// the head has arrived the call has an answer: a body that then breaks
+    /// off, runs past the timeout or past the read limit is returned as far
+    /// as it came, marked cut.
     pub async fn call_buffered(&self, req: Request<ProxyBody>) -> Result<Buffered, UpstreamError> {
-        let exchange = async {
-            let _slot = self
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let head = async {
+            let slot = self
                 .calls
                 .acquire()
                 .await
                 .map_err(|_| UpstreamError::Other("the gate is shutting down".into()))?;
             let response = self.client.request(req).await.map_err(classify)?;
-            let (parts, body) = response.into_parts();
-            let body = Limited::new(body, MAX_BUFFERED_RESPONSE)
-                .collect()
-                .await
-                .map_err(|e| UpstreamError::Other(format!("reading the answer: {e}")))?
-                .to_bytes();
-            Ok(Buffered { parts, body })
+            Ok((slot, response))
         };
-        tokio::time::timeout(self.timeout, exchange)
+        let (_slot, response) = tokio::time::timeout_at(deadline, head)
             .await
-            .unwrap_or(Err(UpstreamError::Timeout(self.timeout)))
+            .unwrap_or(Err(UpstreamError::Timeout(self.timeout)))?;
+        let (parts, body) = response.into_parts();
+        let (body, cut) = read_capped(body, MAX_BUFFERED_RESPONSE, deadline).await;
+        Ok(Buffered { parts, body, cut })
     }
 
     /// Sends a passthrough request; the answer streams back as it comes.
@@ -120,6 +126,40 @@ impl Upstream {
             .await
             .map_err(|_| UpstreamError::Timeout(self.timeout))?
             .map_err(classify)
+    }
+}
+
+/// Reads a body up to `limit` bytes until `deadline`: what came, and why it
+/// stopped early if it did.
+async fn read_capped(
+    mut body: Incoming,
+    limit: usize,
+    deadline: tokio::time::Instant,
+) -> (Bytes, Option<String>) {
+    let mut buf = BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => return (buf.freeze(), Some("the body did not finish in time".into())),
+            Ok(None) => return (buf.freeze(), None),
+            Ok(Some(Err(e))) => {
+                return (
+                    buf.freeze(),
+                    Some(format!("the body broke off: {}", error_chain(&e))),
+                );
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        if buf.len() + data.len() > limit {
+            buf.extend_from_slice(&data[..limit - buf.len()]);
+            return (
+                buf.freeze(),
+                Some(format!("the body is over {limit} bytes")),
+            );
+        }
+        buf.extend_from_slice(&data);
     }
 }
 

@@ -156,6 +156,7 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
             store,
             dedupe,
             telemetry,
+            faults: Default::default(),
             providers,
         })
     } else {
@@ -168,7 +169,7 @@ fn providers(
     files: &BTreeMap<String, ProviderFile>,
     dedupe: &DedupeSettings,
 ) -> Vec<ProviderSettings> {
-    let mut paths: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut paths: BTreeMap<String, &str> = BTreeMap::new();
     let mut out = Vec::new();
     for (name, p) in files {
         let at = |k: &str| format!("providers.{name}.{k}");
@@ -182,10 +183,18 @@ fn providers(
                 "provider names use lower-case letters, digits, `_` and `-`",
             );
         }
-        if !p.path.starts_with('/') {
-            i.push(at("path"), "must start with `/`");
-        } else if let Some(other) = paths.insert(&p.path, name) {
-            i.push(at("path"), format!("already used by provider {other}"));
+        // Routing compares canonical paths (crate::route), so two spellings
+        // of one path are one path.
+        match crate::route::canonical(&p.path) {
+            Err(e) => i.push(at("path"), format!("must be a URL path: {e}")),
+            Ok(canonical) => {
+                if let Some(other) = paths.insert(canonical.to_ascii_lowercase(), name) {
+                    i.push(
+                        at("path"),
+                        format!("already used by provider {other} (paths are compared normalized)"),
+                    );
+                }
+            }
         }
 
         let scheme = scheme(i, name, p);
@@ -279,6 +288,7 @@ fn providers(
             rate_limit: p.rate_limit.and_then(|r| rate(i, &at("rate_limit"), r)),
             upstream_path: p.upstream_path.clone(),
             passthrough_methods,
+            case_sensitive_path: p.case_sensitive_path,
         });
     }
     out

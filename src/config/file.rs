@@ -214,6 +214,9 @@ pub struct ProviderFile {
     pub upstream_path: Option<String>,
     #[serde(default)]
     pub passthrough_methods: Vec<String>,
+    /// Match the path's ASCII case exactly instead of folding it.
+    #[serde(default)]
+    pub case_sensitive_path: bool,
     // The `twilio` scheme's parameter: the external URL of `path`.
     pub public_url: Option<String>,
     // The `hmac` scheme's parameters.

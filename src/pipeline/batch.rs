@@ -4,18 +4,23 @@
 //! unchanged. A mix: forward an array of only the fresh elements, in their
 //! original order. Completion and release apply to every claimed element.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::Response;
 
+use futures_util::future::join_all;
+
 use super::Context;
+use super::claim;
 use super::finish::{self, Held};
 use super::forward::{self, PartialBatch};
+use super::held::HeldClaims;
 use crate::body::ProxyBody;
 use crate::error::GateError;
 use crate::key::{BatchItem, KeyError, Payload};
-use crate::settings::{OnMismatch, OnMissingKey};
+use crate::settings::OnMissingKey;
 use crate::store::{Backend, Claim, Existing, ScopedKey, Snapshot};
 
 /// Claims, forwards and finishes a batch delivery.
@@ -44,13 +49,13 @@ pub async fn run(cx: &mut Context, pointer: &str) -> Result<Response<ProxyBody>,
             status: 200,
             content_type: None,
             body: Bytes::new(),
+            truncated: false,
         });
         cx.record.upstream_status = Some(snapshot.status);
         return Ok(finish::replay(snapshot));
     }
     cx.record.dedupe = "fresh";
-    let held = outcome.held;
-    cx.gate.track(&held);
+    let held = HeldClaims::new(&cx.gate, outcome.held);
     let answer = if outcome.duplicates == 0 {
         forward::send(cx, None).await
     } else {
@@ -61,11 +66,7 @@ pub async fn run(cx: &mut Context, pointer: &str) -> Result<Response<ProxyBody>,
         };
         forward::send_partial(cx, partial).await
     };
-    let gate = Arc::clone(&cx.gate);
-    let tokens: Vec<_> = held.iter().map(|(_, t)| t.clone()).collect();
-    let result = finish::claimed(cx, held, answer).await;
-    gate.untrack(&tokens);
-    result
+    finish::claimed(cx, held, answer).await
 }
 
 struct Claimed {
@@ -77,33 +78,54 @@ struct Claimed {
     replay: Option<Snapshot>,
 }
 
-/// Claims every element's key. An element held by another delivery, or
-/// (with `on_mismatch = "reject"`) a changed payload, ends the batch: the
-/// claims taken so far are released so the sender's retry finds them free.
+/// Claims every element's key, all at once: the claims go to the store
+/// together (one round trip's wait, each bounded by the store's timeout),
+/// and an event repeated in the body is claimed once. An element held by
+/// another delivery, a store error, or (with `on_mismatch = "reject"`) a
+/// changed payload ends the batch: the claims taken are released so the
+/// sender's retry finds them free.
 async fn claim_all(cx: &mut Context, items: &[BatchItem]) -> Result<Claimed, GateError> {
     let gate = Arc::clone(&cx.gate);
     let settings = &gate.providers[cx.provider].settings;
     let lease = gate.settings.dedupe.lease;
-    let mut claimed = Claimed {
-        fresh: Vec::new(),
-        held: Vec::new(),
-        duplicates: 0,
-        replay: None,
-    };
-    for (index, item) in items.iter().enumerate() {
-        let key = ScopedKey::new(&settings.name, &item.key);
-        // The same event twice in one body is one event: claim it once.
-        if claimed.held.iter().any(|(k, _)| *k == key) {
-            claimed.fresh.push(index);
-            continue;
-        }
-        let outcome = gate
-            .timed("claim", || gate.store.claim(&key, &item.fingerprint, lease))
-            .await;
-        let existing = match outcome {
+    // Each distinct key once, in body order; `slot[i]` is item i's key.
+    let mut distinct: HashMap<&str, usize> = HashMap::with_capacity(items.len());
+    let mut firsts: Vec<usize> = Vec::new();
+    let slot: Vec<usize> = items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            *distinct.entry(item.key.as_str()).or_insert_with(|| {
+                firsts.push(index);
+                firsts.len() - 1
+            })
+        })
+        .collect();
+    let keys: Vec<ScopedKey> = firsts
+        .iter()
+        .map(|&i| ScopedKey::new(&settings.name, &items[i].key))
+        .collect();
+    let claims = gate
+        .timed("claim", || {
+            join_all(
+                firsts
+                    .iter()
+                    .zip(&keys)
+                    .map(|(&i, key)| gate.store.claim(key, &items[i].fingerprint, lease)),
+            )
+        })
+        .await;
+
+    let mut held = Vec::new();
+    let mut fresh_keys = vec![false; keys.len()];
+    let mut failure = None;
+    let mut replay = None;
+    for ((n, claim), key) in claims.into_iter().enumerate().zip(keys) {
+        let item = &items[firsts[n]];
+        let existing = match claim {
             Ok(Claim::Fresh(token)) => {
-                claimed.fresh.push(index);
-                claimed.held.push((key, token));
+                fresh_keys[n] = true;
+                held.push((key, token));
                 continue;
             }
             Ok(Claim::Existing(existing)) => existing,
@@ -111,43 +133,38 @@ async fn claim_all(cx: &mut Context, items: &[BatchItem]) -> Result<Claimed, Gat
                 stored_fingerprint,
                 existing,
             }) => {
-                tracing::warn!(
-                    provider = %settings.name,
-                    key = %item.key,
-                    stored_fingerprint = %stored_fingerprint,
-                    incoming_fingerprint = %item.fingerprint,
-                    "payload mismatch in a batch element"
-                );
-                if settings.on_mismatch == OnMismatch::Reject {
-                    abandon(&gate, &claimed).await;
-                    return Err(GateError::PayloadMismatch {
-                        stored: stored_fingerprint,
-                        incoming: item.fingerprint.clone(),
-                    });
+                // Alert mode goes on as for a duplicate; reject ends the batch.
+                if let Err(e) = claim::mismatch(cx, &key, &stored_fingerprint, &item.fingerprint) {
+                    failure.get_or_insert(e);
+                    continue;
                 }
                 existing
             }
             Err(e) => {
-                abandon(&gate, &claimed).await;
-                return Err(e.into());
+                failure.get_or_insert(GateError::from(e));
+                continue;
             }
         };
         match existing {
             Existing::Completed(snapshot) => {
-                claimed.duplicates += 1;
-                claimed.replay.get_or_insert(snapshot);
+                replay.get_or_insert(snapshot);
             }
             Existing::InFlight { retry_after } => {
-                abandon(&gate, &claimed).await;
-                return Err(GateError::InFlight { retry_after });
+                failure.get_or_insert(GateError::InFlight { retry_after });
             }
         }
     }
-    Ok(claimed)
-}
-
-async fn abandon(gate: &crate::gate::Gate, claimed: &Claimed) {
-    finish::release(gate, &claimed.held).await;
+    if let Some(error) = failure {
+        finish::release(&gate, &held).await;
+        return Err(error);
+    }
+    let fresh: Vec<usize> = (0..items.len()).filter(|&i| fresh_keys[slot[i]]).collect();
+    Ok(Claimed {
+        duplicates: items.len() - fresh.len(),
+        fresh,
+        held,
+        replay,
+    })
 }
 
 /// A JSON array of the given elements, each with its original bytes.

@@ -51,7 +51,6 @@ pub fn identify(cx: &mut Context) -> Result<Option<Identity>, GateError> {
 /// and nothing is forwarded.
 pub async fn claim(cx: &mut Context, identity: &Identity) -> Result<Decision, GateError> {
     let gate = &cx.gate;
-    let settings = &gate.providers[cx.provider].settings;
     let lease = gate.settings.dedupe.lease;
     let claim = gate
         .timed("claim", || {
@@ -69,20 +68,12 @@ pub async fn claim(cx: &mut Context, identity: &Identity) -> Result<Decision, Ga
             stored_fingerprint,
             existing,
         } => {
-            tracing::warn!(
-                provider = %settings.name,
-                key = %identity.key.key,
-                stored_fingerprint = %stored_fingerprint,
-                incoming_fingerprint = %identity.fingerprint,
-                "payload mismatch: a known event id arrived with a different payload"
-            );
-            if settings.on_mismatch == OnMismatch::Reject {
-                return Err(GateError::PayloadMismatch {
-                    stored: stored_fingerprint,
-                    incoming: identity.fingerprint.clone(),
-                });
-            }
-            cx.record.dedupe = "mismatch";
+            mismatch(
+                cx,
+                &identity.key,
+                &stored_fingerprint,
+                &identity.fingerprint,
+            )?;
             existing
         }
     };
@@ -97,4 +88,33 @@ pub async fn claim(cx: &mut Context, identity: &Identity) -> Result<Decision, Ga
             Ok(Decision::Replay(snapshot))
         }
     }
+}
+
+/// A known key arrived with a different payload: logged with both
+/// fingerprints and counted as an anomaly whatever the provider's
+/// `on_mismatch`; an error when that is `reject`, else the delivery goes on
+/// as a duplicate.
+pub fn mismatch(
+    cx: &mut Context,
+    key: &ScopedKey,
+    stored: &str,
+    incoming: &str,
+) -> Result<(), GateError> {
+    let settings = &cx.gate.providers[cx.provider].settings;
+    tracing::warn!(
+        provider = %settings.name,
+        key = %key.key,
+        stored_fingerprint = %stored,
+        incoming_fingerprint = %incoming,
+        "payload mismatch: a known event id arrived with a different payload"
+    );
+    cx.gate.metrics.anomaly(&settings.name, "payload_mismatch");
+    if settings.on_mismatch == OnMismatch::Reject {
+        return Err(GateError::PayloadMismatch {
+            stored: stored.to_owned(),
+            incoming: incoming.to_owned(),
+        });
+    }
+    cx.record.dedupe = "mismatch";
+    Ok(())
 }

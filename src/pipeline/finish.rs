@@ -10,11 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::Response;
 use http::header::{self, HeaderValue};
 
 use super::Context;
+use super::held::HeldClaims;
 use crate::body::{self, ProxyBody};
 use crate::error::{GateError, RESULT_HEADER};
 use crate::gate::Gate;
@@ -30,23 +30,30 @@ const MARK_BACKOFF_MAX: Duration = Duration::from_secs(1);
 pub type Held = (ScopedKey, LeaseToken);
 
 /// Finishes a delivery that holds claims (one, or one per batch element).
+/// The status decides: a 2xx head means the app did the work, even when its
+/// body was cut, so the claims are marked and the sender gets that status.
 pub async fn claimed(
     cx: &mut Context,
-    held: Vec<Held>,
+    held: HeldClaims,
     answer: Result<Buffered, UpstreamError>,
 ) -> Result<Response<ProxyBody>, GateError> {
     let gate = Arc::clone(&cx.gate);
     let answer = match answer {
         Ok(answer) if answer.parts.status.is_success() => {
+            if let Some(cut) = &answer.cut {
+                tracing::warn!(provider = %cx.provider().settings.name, cut = %cut, "the app answered 2xx with a body cut short; marked processed");
+            }
             let snapshot = snapshot(&answer, gate.settings.dedupe.max_response_bytes);
-            for (key, token) in held {
+            for (key, token) in held.claims() {
                 mark(&gate, cx.provider, key, token, &snapshot).await;
             }
+            held.settled();
             return Ok(relay(answer, "forwarded"));
         }
         other => other,
     };
-    release(&gate, &held).await;
+    release(&gate, held.claims()).await;
+    held.settled();
     unclaimed(cx, answer)
 }
 
@@ -67,12 +74,12 @@ pub async fn release(gate: &Gate, held: &[Held]) {
 async fn mark(
     gate: &Arc<Gate>,
     provider: usize,
-    key: ScopedKey,
-    token: LeaseToken,
+    key: &ScopedKey,
+    token: &LeaseToken,
     snapshot: &Snapshot,
 ) {
     let retention = gate.providers[provider].settings.retention;
-    let complete = || gate.store.complete(&key, &token, snapshot, retention);
+    let complete = || gate.store.complete(key, token, snapshot, retention);
     match gate.timed("complete", complete).await {
         Ok(true) => {}
         Ok(false) => {
@@ -82,7 +89,14 @@ async fn mark(
             tracing::warn!(key = %key, error = %e, "mark failed; retrying in the background");
             let provider = gate.providers[provider].settings.name.clone();
             let snapshot = snapshot.clone();
-            spawn_mark_retry(Arc::clone(gate), provider, key, token, snapshot, retention);
+            spawn_mark_retry(
+                Arc::clone(gate),
+                provider,
+                key.clone(),
+                token.clone(),
+                snapshot,
+                retention,
+            );
         }
     }
 }
@@ -119,18 +133,27 @@ pub fn replay(snapshot: Snapshot) -> Response<ProxyBody> {
     response
 }
 
-/// The app's answer, passed back to the sender with the gate's verdict.
+/// The app's answer, passed back to the sender with the gate's verdict. A
+/// cut body goes as far as it came, so its declared length goes.
 fn relay(answer: Buffered, result: &'static str) -> Response<ProxyBody> {
-    let Buffered { mut parts, body } = answer;
+    let Buffered {
+        mut parts,
+        body,
+        cut,
+    } = answer;
     strip_hop_by_hop(&mut parts.headers);
+    if cut.is_some() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     parts
         .headers
         .insert(RESULT_HEADER, HeaderValue::from_static(result));
     Response::from_parts(parts, body::full(body))
 }
 
-/// What a duplicate will be answered with. A body over the limit is not
-/// stored at all: a truncated JSON answer would be worse than an empty one.
+/// What a duplicate will be answered with: the status, the content type and
+/// as much of the body as `max_bytes` allows, marked truncated when that is
+/// not all the app said.
 fn snapshot(answer: &Buffered, max_bytes: usize) -> Snapshot {
     let content_type = answer
         .parts
@@ -138,15 +161,13 @@ fn snapshot(answer: &Buffered, max_bytes: usize) -> Snapshot {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let body = if answer.body.len() <= max_bytes {
-        answer.body.clone()
-    } else {
-        Bytes::new()
-    };
+    let truncated = answer.cut.is_some() || answer.body.len() > max_bytes;
+    let body = answer.body.slice(..answer.body.len().min(max_bytes));
     Snapshot {
         status: answer.parts.status.as_u16(),
         content_type,
         body,
+        truncated,
     }
 }
 

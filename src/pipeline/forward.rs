@@ -46,15 +46,13 @@ async fn send_with(
     batch: Option<PartialBatch>,
 ) -> Result<Buffered, UpstreamError> {
     let provider = &cx.gate.providers[cx.provider].settings;
-    let path_and_query = match (&provider.upstream_path, cx.head.uri.query()) {
-        (Some(path), Some(q)) => format!("{path}?{q}"),
-        (Some(path), None) => path.clone(),
-        (None, _) => cx
-            .head
-            .uri
-            .path_and_query()
-            .map_or("/", |pq| pq.as_str())
-            .to_owned(),
+    // The path the provider is configured with, not the request's spelling
+    // of it: routing found them the same (crate::route), and the app must
+    // route it the same way too.
+    let path = provider.upstream_path.as_ref().unwrap_or(&provider.path);
+    let path_and_query = match cx.head.uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.clone(),
     };
     let uri = cx.gate.upstream.target(&path_and_query)?;
     let mut headers = cx.head.headers.clone();

@@ -6,14 +6,18 @@ mod batch;
 mod claim;
 mod finish;
 mod forward;
+mod held;
 mod limit;
 mod passthrough;
 mod read;
 mod verify;
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http::{Method, Request, Response, request};
 use hyper::body::Incoming;
 
@@ -21,8 +25,10 @@ use crate::body::ProxyBody;
 use crate::error::GateError;
 use crate::gate::{Gate, Provider};
 use crate::key::KeySource;
+use crate::route::Route;
 use crate::server::Conn;
 use crate::telemetry::DeliveryRecord;
+use held::HeldClaims;
 
 /// What a phase hands on: the request head, its raw body and who sent it.
 pub struct Context {
@@ -42,12 +48,19 @@ impl Context {
 
 /// Entry point for every request on the public listener.
 pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
-    let Some(index) = gate.route(req.uri().path()) else {
-        return if gate.settings.upstream.passthrough {
-            passthrough::forward(&gate, req, conn).await
-        } else {
-            GateError::UnknownRoute.to_response()
-        };
+    let index = match gate.route(req.uri().path()) {
+        Route::Provider(index) => index,
+        Route::Refused => {
+            tracing::warn!(
+                path = req.uri().path(),
+                "refused a path that reaches a provider only through an ambiguous spelling"
+            );
+            return GateError::BadPath.to_response();
+        }
+        Route::Other if gate.settings.upstream.passthrough => {
+            return passthrough::forward(&gate, req, conn).await;
+        }
+        Route::Other => return GateError::UnknownRoute.to_response(),
     };
     let provider = &gate.providers[index].settings;
     if req.method() != Method::POST {
@@ -63,14 +76,16 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     let task = tokio::spawn(deliver(gate, index, req, conn));
     match task.await {
         Ok(response) => response,
-        Err(e) => {
-            tracing::error!(error = %e, "delivery task failed");
-            GateError::UpstreamUnreachable("internal error".into()).to_response()
-        }
+        // `deliver` contains its own panics, so this is a runtime shutting
+        // down under it.
+        Err(e) => GateError::Internal(e.to_string()).to_response(),
     }
 }
 
-/// Runs the phases for one delivery and writes its log line.
+/// Runs the phases for one delivery and writes its log line. A panic in a
+/// phase is a defect: it is answered 500 `internal_error`, logged and
+/// counted like any outcome, and its claims are released as the phases'
+/// future unwinds (`HeldClaims`).
 async fn deliver(
     gate: Arc<Gate>,
     provider: usize,
@@ -92,15 +107,32 @@ async fn deliver(
         conn,
         record,
     };
-    let response = match phases(&mut cx, incoming).await {
-        Ok(response) => response,
-        Err(error) => {
+    let outcome = AssertUnwindSafe(phases(&mut cx, incoming))
+        .catch_unwind()
+        .await;
+    let response = match outcome {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => {
+            cx.record.fail(&error);
+            error.to_response()
+        }
+        Err(panic) => {
+            let error = GateError::Internal(panic_message(panic.as_ref()));
             cx.record.fail(&error);
             error.to_response()
         }
     };
     cx.record.emit(&cx.gate.metrics);
     response
+}
+
+/// The text a panic carried, when it was a string (it usually is).
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned())
 }
 
 async fn phases(cx: &mut Context, incoming: Incoming) -> Result<Response<ProxyBody>, GateError> {
@@ -120,15 +152,19 @@ async fn phases(cx: &mut Context, incoming: Incoming) -> Result<Response<ProxyBo
     };
     match claim::claim(cx, &identity).await? {
         claim::Decision::Fresh(token) => {
-            let held = vec![(identity.key, token)];
-            cx.gate.track(&held);
-            let answer = forward::send(cx, Some(&held[0].0)).await;
-            let gate = Arc::clone(&cx.gate);
-            let tokens: Vec<_> = held.iter().map(|(_, t)| t.clone()).collect();
-            let result = finish::claimed(cx, held, answer).await;
-            gate.untrack(&tokens);
-            result
+            let held = HeldClaims::new(&cx.gate, vec![(identity.key, token)]);
+            fault_point(cx);
+            let key = held.claims()[0].0.clone();
+            let answer = forward::send(cx, Some(&key)).await;
+            finish::claimed(cx, held, answer).await
         }
         claim::Decision::Replay(snapshot) => Ok(finish::replay(snapshot)),
+    }
+}
+
+/// Where tests inject a defect (`Settings::faults`): claims are held.
+fn fault_point(cx: &Context) {
+    if cx.gate.settings.faults.panic_after_claim {
+        panic!("injected fault: panic after claim");
     }
 }

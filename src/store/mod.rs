@@ -59,7 +59,10 @@ impl LeaseToken {
 pub struct Snapshot {
     pub status: u16,
     pub content_type: Option<String>,
+    /// At most `store.max_response_bytes` of the answer's body.
     pub body: Bytes,
+    /// The app said more than `body` holds (over the limit, or cut off).
+    pub truncated: bool,
 }
 
 /// The state of a key someone else already holds.

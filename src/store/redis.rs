@@ -292,6 +292,7 @@ fn decode(fields: Fields) -> Result<(String, Existing), StoreError> {
                 .map(|c| text(Some(c), "content type"))
                 .transpose()?,
             body: body.unwrap_or_default().into(),
+            truncated: false,
         }),
         _ => {
             return Err(StoreError::Corrupt(

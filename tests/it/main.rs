@@ -1,6 +1,7 @@
 //! One integration test binary: the real gate on port 0, a recording
 //! upstream on port 0, real redis-server processes.
 
+mod answers;
 mod batch;
 mod chaos;
 mod cli;
@@ -10,6 +11,8 @@ mod fuzz_corpus;
 mod malformed;
 mod operate;
 mod otlp;
+mod panics;
+mod routing;
 mod schemes;
 mod secrets;
 mod slack_forms;

@@ -153,6 +153,7 @@ async fn completed_replays_snapshot_byte_exact<H: Harness>() {
         status: 204,
         content_type: None,
         body: Bytes::new(),
+        truncated: false,
     };
     let token = fresh(store.claim(&key("evt_2"), "fp", LONG).await.unwrap());
     assert!(

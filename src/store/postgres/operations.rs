@@ -260,6 +260,7 @@ fn snapshot(row: &Row) -> Snapshot {
         status: u16::try_from(status).unwrap_or(u16::MAX),
         content_type: row.get(2),
         body: body.into(),
+        truncated: false,
     }
 }
 

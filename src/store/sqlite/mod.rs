@@ -259,6 +259,7 @@ impl Row {
                     status,
                     content_type: self.content_type,
                     body: self.body.unwrap_or_default().into(),
+                    truncated: false,
                 }))
             }
             other => Err(corrupt(&format!("unknown state {other:?}"))),

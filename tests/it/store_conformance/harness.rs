@@ -165,6 +165,7 @@ pub fn snapshot() -> Snapshot {
         status: 202,
         content_type: Some("application/json; charset=utf-8".into()),
         body: Bytes::from_static(b"{\"ok\":true}\n\xff\x00\xfe\x80\r\n"),
+        truncated: false,
     }
 }
 

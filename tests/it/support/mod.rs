@@ -2,5 +2,6 @@
 
 pub mod gate;
 pub mod postgres_server;
+pub mod raw_upstream;
 pub mod redis_server;
 pub mod upstream;

@@ -33,6 +33,8 @@ pub enum Behavior {
     Status(u16),
     /// Wait, then answer 200.
     Stall(Duration),
+    /// Answer `status` with a body of `bytes` bytes of `x`.
+    Large { status: u16, bytes: usize },
     /// A flaky app, for chaos tests: `fail_percent` of calls answer 500 at
     /// once, `stall_percent` wait `stall` and then answer 503 (the app gave
     /// up on work the gate had already timed out on), the rest answer 200.
@@ -118,7 +120,7 @@ async fn answer(
         let mut s = state.lock().unwrap();
         let n = s.received.len() + 1;
         let (status, stall) = match s.behavior.clone().unwrap_or(Behavior::Status(200)) {
-            Behavior::Status(status) => (status, None),
+            Behavior::Status(status) | Behavior::Large { status, .. } => (status, None),
             Behavior::Stall(d) => (200, Some(d)),
             Behavior::Random {
                 fail_percent,
@@ -145,7 +147,10 @@ async fn answer(
         tokio::time::sleep(d).await;
     }
     state.lock().unwrap().in_flight -= 1;
-    let body = format!("{{\"call\":{n},\"status\":{status}}}");
+    let body = match state.lock().unwrap().behavior {
+        Some(Behavior::Large { bytes, .. }) => "x".repeat(bytes),
+        _ => format!("{{\"call\":{n},\"status\":{status}}}"),
+    };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = StatusCode::from_u16(status).unwrap();
     response

@@ -1,0 +1,147 @@
+//! The app's status decides (SPEC section 1, finish): a 2xx head means the
+//! app did the work, so the key is marked processed even when the answer's
+//! body is larger than the gate keeps, larger than it reads, or breaks off.
+//! Releasing instead would let the provider's retry run the work again.
+
+use std::time::Duration;
+
+use hookgate::provider::Scheme;
+
+use crate::support::gate::{
+    self, GateConfig, SECRET, post, provider, secret_file, signed, stripe_event,
+};
+use crate::support::raw_upstream::{RawUpstream, Then};
+use crate::support::upstream::{Behavior, Upstream};
+
+async fn stripe_gate(
+    dir: &std::path::Path,
+    upstream: &str,
+    store_extra: &str,
+) -> hookgate::Running {
+    let mut config = GateConfig::new(upstream, dir);
+    config.store.push_str(store_extra);
+    let secret = secret_file(dir, "stripe", SECRET);
+    config.providers = provider("stripe", "stripe", &[secret], "");
+    gate::start(&config).await
+}
+
+/// Sends one event twice: the first answer, then the retry's.
+async fn twice(gate: &hookgate::Running, id: &str) -> (gate::Answer, gate::Answer) {
+    let body = stripe_event(id);
+    let first = post(
+        gate.addr,
+        "/webhooks/stripe",
+        &signed(&Scheme::Stripe, SECRET, &body, "", None),
+        &body,
+    )
+    .await;
+    let retry = post(
+        gate.addr,
+        "/webhooks/stripe",
+        &signed(&Scheme::Stripe, SECRET, &body, "", None),
+        &body,
+    )
+    .await;
+    (first, retry)
+}
+
+#[tokio::test]
+async fn an_answer_over_the_stored_size_is_kept_as_far_as_it_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    up.set(Behavior::Large {
+        status: 201,
+        bytes: 100,
+    });
+    let gate = stripe_gate(dir.path(), &up.url(), "max_response_bytes = 16\n").await;
+    let (first, retry) = twice(&gate, "evt_large").await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.result(), "forwarded");
+    assert_eq!(first.body.len(), 100, "the sender gets the whole answer");
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.result(), "duplicate");
+    assert_eq!(
+        retry.body.as_ref(),
+        &b"x".repeat(16)[..],
+        "what fits is kept"
+    );
+    assert_eq!(up.count(), 1);
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_answer_over_the_read_limit_is_still_processed() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = Upstream::start().await;
+    // Over the 8 MiB the gate reads of an answer.
+    up.set(Behavior::Large {
+        status: 200,
+        bytes: 9 * 1024 * 1024,
+    });
+    let gate = stripe_gate(dir.path(), &up.url(), "").await;
+    let (first, retry) = twice(&gate, "evt_huge").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.result(), "forwarded");
+    assert_eq!(first.body.len(), 8 * 1024 * 1024, "cut at the read limit");
+    assert_eq!(retry.status, 200);
+    assert_eq!(retry.result(), "duplicate");
+    assert_eq!(up.count(), 1, "the retry did not run the work again");
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_2xx_whose_body_breaks_off_is_processed() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = RawUpstream::start(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 1000\r\n\r\nonly ten b",
+        Then::Close,
+    )
+    .await;
+    let gate = stripe_gate(dir.path(), &app.url(), "").await;
+    let (first, retry) = twice(&gate, "evt_broken").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.result(), "forwarded");
+    assert_eq!(first.body.as_ref(), b"only ten b");
+    assert_eq!(retry.status, 200);
+    assert_eq!(retry.result(), "duplicate");
+    assert_eq!(retry.body.as_ref(), b"only ten b");
+    assert_eq!(app.count(), 1);
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_2xx_whose_body_stalls_past_the_timeout_is_processed() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = RawUpstream::start(
+        b"HTTP/1.1 202 Accepted\r\ncontent-length: 50\r\n\r\npartial",
+        Then::Stall(Duration::from_secs(5)),
+    )
+    .await;
+    // The test gate's upstream timeout is 2 s.
+    let gate = stripe_gate(dir.path(), &app.url(), "").await;
+    let (first, retry) = twice(&gate, "evt_stalled").await;
+    assert_eq!(first.status, 202);
+    assert_eq!(first.result(), "forwarded");
+    assert_eq!(first.body.as_ref(), b"partial");
+    assert_eq!(retry.status, 202);
+    assert_eq!(retry.result(), "duplicate");
+    assert_eq!(app.count(), 1);
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failure_whose_body_breaks_off_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = RawUpstream::start(
+        b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 100\r\n\r\noops",
+        Then::Close,
+    )
+    .await;
+    let gate = stripe_gate(dir.path(), &app.url(), "").await;
+    let (first, retry) = twice(&gate, "evt_failed").await;
+    assert_eq!(first.status, 500);
+    assert_eq!(first.result(), "upstream_error");
+    assert_eq!(retry.status, 500, "released: the retry reached the app");
+    assert_eq!(app.count(), 2);
+    gate.shutdown().await;
+}
