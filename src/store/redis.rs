@@ -15,10 +15,11 @@ use redis::{Client, ErrorKind, RedisError, Script};
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 
 /// Reads a live key as {state, fingerprint, PTTL, status, content type,
-/// body}; nil fields come back as nil (HMGET's `false`), not as holes.
+/// body, truncated}; nil fields come back as nil (HMGET's `false`), not as
+/// holes.
 const READ_STATE: &str = "
-local f = redis.call('HMGET', KEYS[1], 'state', 'fp', 'status', 'ctype', 'body')
-return {f[1], f[2], tostring(redis.call('PTTL', KEYS[1])), f[3], f[4], f[5]}
+local f = redis.call('HMGET', KEYS[1], 'state', 'fp', 'status', 'ctype', 'body', 'cut')
+return {f[1], f[2], tostring(redis.call('PTTL', KEYS[1])), f[3], f[4], f[5], f[6]}
 ";
 
 /// ARGV: token, fingerprint, lease (ms). A missing key was never claimed,
@@ -38,13 +39,14 @@ end
 ";
 
 /// ARGV: token, retention (ms), status, '1' if a content type follows,
-/// content type, body.
+/// content type, body, '1' if the body is truncated.
 const COMPLETE: &str = "
 local f = redis.call('HMGET', KEYS[1], 'state', 'token')
 if f[1] ~= 'in_flight' or f[2] ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'body', ARGV[6])
+redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'body', ARGV[6],
+  'cut', ARGV[7])
 redis.call('HDEL', KEYS[1], 'token')
 if ARGV[4] == '1' then
   redis.call('HSET', KEYS[1], 'ctype', ARGV[5])
@@ -214,6 +216,7 @@ impl Backend for RedisStore {
             })
             .arg(snapshot.content_type.as_deref().unwrap_or(""))
             .arg(&snapshot.body[..])
+            .arg(if snapshot.truncated { "1" } else { "0" })
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| self.error(e))?;
@@ -268,7 +271,7 @@ fn decode(fields: Fields) -> Result<(String, Existing), StoreError> {
     let mut fields = fields.into_iter();
     let mut next = || fields.next().flatten();
     let (state, fingerprint, pttl) = (next(), next(), next());
-    let (status, content_type, body) = (next(), next(), next());
+    let (status, content_type, body, cut) = (next(), next(), next(), next());
     let text = |field: Option<Vec<u8>>, name: &str| {
         String::from_utf8(field.unwrap_or_default())
             .map_err(|_| StoreError::Corrupt(format!("redis: {name} is not UTF-8")))
@@ -292,7 +295,7 @@ fn decode(fields: Fields) -> Result<(String, Existing), StoreError> {
                 .map(|c| text(Some(c), "content type"))
                 .transpose()?,
             body: body.unwrap_or_default().into(),
-            truncated: false,
+            truncated: cut.as_deref() == Some(b"1"),
         }),
         _ => {
             return Err(StoreError::Corrupt(

@@ -164,6 +164,21 @@ async fn completed_replays_snapshot_byte_exact<H: Harness>() {
     );
     let replay = store.claim(&key("evt_2"), "fp", LONG).await.unwrap();
     assert_eq!(replay, Claim::Existing(Existing::Completed(bare)));
+
+    // A body kept only in part says so.
+    let cut = Snapshot {
+        truncated: true,
+        ..snapshot()
+    };
+    let token = fresh(store.claim(&key("evt_3"), "fp", LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&key("evt_3"), &token, &cut, RETAIN)
+            .await
+            .unwrap()
+    );
+    let replay = store.claim(&key("evt_3"), "fp", LONG).await.unwrap();
+    assert_eq!(replay, Claim::Existing(Existing::Completed(cut)));
 }
 
 async fn complete_with_wrong_token_does_nothing<H: Harness>() {

@@ -16,7 +16,7 @@ use crate::store::{
 /// The live completed record of a key, newest first (a key forgotten and
 /// processed again has an older, no longer live, row too).
 const SELECT_COMPLETED: &str = "
-SELECT fingerprint, response_status, response_content_type, response_body
+SELECT fingerprint, response_status, response_content_type, response_body, response_truncated
 FROM processed_events
 WHERE provider = $1 AND provider_event_id = $2 AND state = 'completed' AND expires_at > now()
 ORDER BY completed_at DESC
@@ -57,9 +57,9 @@ WITH done AS (
 )
 INSERT INTO processed_events (provider, provider_event_id, received_at, completed_at, expires_at,
     state, lease_token, lease_expires_at, fingerprint,
-    response_status, response_content_type, response_body)
+    response_status, response_content_type, response_body, response_truncated)
 SELECT provider, provider_event_id, received_at, now(), now() + make_interval(secs => $4),
-    'completed', lease_token, lease_expires_at, fingerprint, $5, $6, $7
+    'completed', lease_token, lease_expires_at, fingerprint, $5, $6, $7, $8
 FROM done";
 
 const RELEASE: &str = "
@@ -155,7 +155,7 @@ impl Backend for PostgresStore {
         // a caller asks for more than the store was opened with.
         let retention = retention.min(inner.retention);
         let status = i32::from(snapshot.status);
-        let params: [&(dyn ToSql + Sync); 7] = [
+        let params: [&(dyn ToSql + Sync); 8] = [
             &key.provider,
             &key.key,
             &token.0,
@@ -163,6 +163,7 @@ impl Backend for PostgresStore {
             &status,
             &snapshot.content_type,
             &&snapshot.body[..],
+            &snapshot.truncated,
         ];
         let written = match client.execute(&statement, &params).await {
             // No partition for the claim's day: maintenance has not run for
@@ -260,7 +261,7 @@ fn snapshot(row: &Row) -> Snapshot {
         status: u16::try_from(status).unwrap_or(u16::MAX),
         content_type: row.get(2),
         body: body.into(),
-        truncated: false,
+        truncated: row.get(4),
     }
 }
 

@@ -28,7 +28,7 @@ const MIGRATION_LOCK: i64 = 0x686f_6f6b_6761_7465;
 
 /// Applied in order, each once, recorded in `hookgate_schema_migrations`.
 /// Never edit a released entry: append a new one.
-const MIGRATIONS: &[(i32, &str)] = &[(1, V1)];
+const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2)];
 
 const V1: &str = "
 CREATE TABLE hookgate_claims (
@@ -59,6 +59,12 @@ CREATE TABLE processed_events (
     response_body         bytea       NOT NULL,
     PRIMARY KEY (provider, provider_event_id, received_at)
 ) PARTITION BY RANGE (received_at);
+";
+
+/// Whether the stored answer is all the app said (a constant default: no
+/// table rewrite, on the parent and every partition at once).
+const V2: &str = "
+ALTER TABLE processed_events ADD COLUMN response_truncated boolean NOT NULL DEFAULT false;
 ";
 
 /// Brings the schema up to date; safe to run from every replica at every

@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS processed_events (
     response_status       INTEGER,
     response_content_type TEXT,
     response_body         BLOB,
+    response_truncated    INTEGER NOT NULL DEFAULT 0,
     lease_expires_at      INTEGER,
     expires_at            INTEGER NOT NULL,
     received_at           INTEGER NOT NULL,
@@ -39,6 +40,12 @@ CREATE TABLE IF NOT EXISTS processed_events (
 );
 CREATE INDEX IF NOT EXISTS processed_events_expires_at ON processed_events (expires_at);
 ";
+
+/// Columns added after the first release, for files that predate them.
+const ADDED_COLUMNS: [(&str, &str); 1] = [(
+    "response_truncated",
+    "ALTER TABLE processed_events ADD COLUMN response_truncated INTEGER NOT NULL DEFAULT 0",
+)];
 
 /// Long enough to queue behind another process's claim, short enough that a
 /// wedged lock surfaces as an error rather than a hung delivery.
@@ -85,10 +92,12 @@ struct Row {
     status: Option<i64>,
     content_type: Option<String>,
     body: Option<Vec<u8>>,
+    truncated: bool,
 }
 
 const SELECT_LIVE: &str = "
-SELECT state, fingerprint, lease_expires_at, response_status, response_content_type, response_body
+SELECT state, fingerprint, lease_expires_at, response_status, response_content_type, response_body,
+       response_truncated
 FROM processed_events
 WHERE provider = ?1 AND provider_event_id = ?2 AND expires_at > ?3";
 
@@ -172,6 +181,16 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.pragma_update(None, "cache_size", CACHE_KIB)?;
         conn.execute_batch(SCHEMA)?;
+        for (column, add) in ADDED_COLUMNS {
+            let present: bool = conn.query_row(
+                "SELECT count(*) FROM pragma_table_info('processed_events') WHERE name = ?1",
+                [column],
+                |r| r.get::<_, i64>(0).map(|n| n > 0),
+            )?;
+            if !present {
+                conn.execute_batch(add)?;
+            }
+        }
         Ok(conn)
     };
     // Name the file: this error is what an operator sees at startup.
@@ -233,6 +252,7 @@ fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>,
                 status: r.get(3)?,
                 content_type: r.get(4)?,
                 body: r.get(5)?,
+                truncated: r.get(6)?,
             })
         })
         .optional()?;
@@ -259,7 +279,7 @@ impl Row {
                     status,
                     content_type: self.content_type,
                     body: self.body.unwrap_or_default().into(),
-                    truncated: false,
+                    truncated: self.truncated,
                 }))
             }
             other => Err(corrupt(&format!("unknown state {other:?}"))),
@@ -309,7 +329,7 @@ impl Backend for SqliteStore {
                     "UPDATE processed_events
                      SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
                          response_status = ?4, response_content_type = ?5, response_body = ?6,
-                         expires_at = ?7
+                         expires_at = ?7, response_truncated = ?9
                      WHERE provider = ?1 AND provider_event_id = ?2 AND lease_token = ?3
                        AND state = 'in_flight' AND expires_at > ?8",
                 )?
@@ -322,6 +342,7 @@ impl Backend for SqliteStore {
                     &snapshot.body[..],
                     after(now, retention),
                     now,
+                    snapshot.truncated,
                 ])?;
             Ok(changed == 1)
         })

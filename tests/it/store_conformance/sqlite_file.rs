@@ -143,3 +143,51 @@ async fn opens_through_store_settings() {
     store.ping().await.unwrap();
     fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
 }
+
+/// A file written before snapshots said whether they were truncated gains
+/// the column at open, and its rows read as whole answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_file_from_before_the_truncated_column_is_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(
+            "CREATE TABLE processed_events (
+                provider TEXT NOT NULL, provider_event_id TEXT NOT NULL,
+                state TEXT NOT NULL CHECK (state IN ('in_flight', 'completed')),
+                lease_token TEXT, fingerprint TEXT NOT NULL, response_status INTEGER,
+                response_content_type TEXT, response_body BLOB, lease_expires_at INTEGER,
+                expires_at INTEGER NOT NULL, received_at INTEGER NOT NULL,
+                PRIMARY KEY (provider, provider_event_id));
+             INSERT INTO processed_events VALUES ('stripe', 'old', 'completed', NULL, 'fp', 200,
+                'text/plain', x'6f6b', NULL, 9999999999999, 0);",
+        )
+        .unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    match store.claim(&key("old"), "fp", LONG).await.unwrap() {
+        Claim::Existing(Existing::Completed(s)) => {
+            assert_eq!(
+                (s.status, s.body.as_ref(), s.truncated),
+                (200, &b"ok"[..], false)
+            );
+        }
+        other => panic!("expected the old completed row, got {other:?}"),
+    }
+    let cut = hookgate::store::Snapshot {
+        truncated: true,
+        ..snapshot()
+    };
+    let token = fresh(store.claim(&key("new"), "fp", LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&key("new"), &token, &cut, RETAIN)
+            .await
+            .unwrap()
+    );
+    drop(store);
+    let store = SqliteStore::open(&path).await.unwrap();
+    let claim = store.claim(&key("new"), "fp", LONG).await.unwrap();
+    assert_eq!(claim, Claim::Existing(Existing::Completed(cut)));
+}
