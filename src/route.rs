@@ -144,8 +144,11 @@ pub fn lenient(path: &str, fold_case: bool) -> String {
         bytes = decode_all(&bytes);
     }
     let text = String::from_utf8_lossy(&bytes);
+    // Through upper case first: routers that compare case-insensitively
+    // fold `ſ` to `S` and the Kelvin sign to `K`, which `to_lowercase` alone
+    // leaves apart from `s` and `k`.
     let text = if fold_case {
-        text.to_lowercase()
+        text.to_uppercase().to_lowercase()
     } else {
         text.into_owned()
     };
@@ -308,6 +311,9 @@ mod tests {
             "/webhooks/stripe%",
             "/webhooks/st%zzripe/../stripe",
             "/hooks/Exact.json",
+            "/webhooks/%C5%BFtripe",
+            "/webhooks/stripe%3Bx=1",
+            "/webhooks/stripe%09",
         ] {
             assert_eq!(routes.route(path), Route::Refused, "{path}");
         }
