@@ -51,7 +51,11 @@ pub enum GateError {
     #[error("body not received within the read timeout")]
     RequestTimeout,
     #[error("payload fingerprint {incoming} differs from stored {stored}")]
-    PayloadMismatch { stored: String, incoming: String },
+    PayloadMismatch {
+        key: String,
+        stored: String,
+        incoming: String,
+    },
     #[error("rate limit exceeded")]
     RateLimited { retry_after: Duration },
     #[error("upstream unreachable: {0}")]

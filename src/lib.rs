@@ -72,7 +72,7 @@ impl Running {
         }
         // Marks still being retried (the store was down when their
         // deliveries finished) get what is left of the grace.
-        let marks = &self.gate.pending_marks;
+        let marks = self.gate.marks.pending();
         marks.close();
         if tokio::time::timeout_at(deadline, marks.wait())
             .await

@@ -1,6 +1,7 @@
 //! The application behind the gate: a pooled hyper-util client, hop-by-hop
 //! header handling, target URLs and timeouts.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -14,6 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
 use crate::body::ProxyBody;
+use crate::metrics::Metrics;
 use crate::settings::UpstreamSettings;
 use crate::tls::TlsError;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -48,6 +50,8 @@ pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
     base: Uri,
     timeout: Duration,
+    /// Where each delivery's upstream time is recorded.
+    metrics: Arc<Metrics>,
     /// One permit per delivery call in flight. hyper-util's pool opens a new
     /// connection whenever every pooled one is busy and has no cap per host,
     /// so without this a burst of N deliveries holds N upstream connections
@@ -58,7 +62,7 @@ pub struct Upstream {
 impl Upstream {
     /// A client for http and https upstreams (system roots plus
     /// `upstream.ca_file`).
-    pub fn new(settings: &UpstreamSettings) -> Result<Self, TlsError> {
+    pub fn new(settings: &UpstreamSettings, metrics: Arc<Metrics>) -> Result<Self, TlsError> {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.set_connect_timeout(Some(settings.timeout));
@@ -76,6 +80,7 @@ impl Upstream {
             client,
             base: settings.url.clone(),
             timeout: settings.timeout,
+            metrics,
             calls: Semaphore::new(settings.max_connections),
         })
     }
@@ -98,8 +103,23 @@ impl Upstream {
     /// the head has arrived the call has an answer: a body that then breaks
     /// off, runs past the timeout or past the read limit is returned as far
     /// as it came, marked cut.
-    pub async fn call_buffered(&self, req: Request<ProxyBody>) -> Result<Buffered, UpstreamError> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+    /// The time it takes is recorded for `provider`.
+    pub async fn call_buffered(
+        &self,
+        provider: &str,
+        req: Request<ProxyBody>,
+    ) -> Result<Buffered, UpstreamError> {
+        let started = tokio::time::Instant::now();
+        let result = self.exchange(started + self.timeout, req).await;
+        self.metrics.upstream(provider, started.elapsed());
+        result
+    }
+
+    async fn exchange(
+        &self,
+        deadline: tokio::time::Instant,
+        req: Request<ProxyBody>,
+    ) -> Result<Buffered, UpstreamError> {
         let head = async {
             let slot = self
                 .calls
@@ -228,14 +248,14 @@ mod tests {
 
     #[test]
     fn targets_join_base_path_and_request() {
-        let up = Upstream::new(&UpstreamSettings {
+        let settings = UpstreamSettings {
             url: Uri::from_static("http://127.0.0.1:3000/app/"),
             timeout: Duration::from_secs(1),
             passthrough: true,
             ca_file: None,
             max_connections: 4,
-        })
-        .unwrap();
+        };
+        let up = Upstream::new(&settings, Arc::default()).unwrap();
         assert_eq!(
             up.target("/hooks?a=1").unwrap().to_string(),
             "http://127.0.0.1:3000/app/hooks?a=1"

@@ -1,120 +1,201 @@
-//! Phases 4 to 6, key, fingerprint and claim: find the event's idempotency
-//! key, fingerprint the payload, and claim the key in the store.
+//! Stage 6, claim: every identity's key in the store, at once (one round
+//! trip's wait), each distinct key once. The store's answers decide what
+//! happens next (SPEC section 1, step 7, and the batch rule of section 3):
+//! all fresh, forward the body; all completed, replay; a mix, forward only
+//! the fresh elements. A key held by another delivery, a store error or a
+//! rejected mismatch ends the delivery, releasing what was taken.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::future::join_all;
+
+use super::forward::PartialBatch;
+use super::held::{self, Held, HeldClaims, Inflight};
+use super::plan::Identity;
 use crate::error::GateError;
-use crate::key::{KeyError, Payload};
-use crate::settings::{OnMismatch, OnMissingKey};
-use crate::store::{Backend, Claim, Existing, LeaseToken, ScopedKey, Snapshot};
+use crate::settings::{OnMismatch, ProviderSettings};
+use crate::store::{Backend, Claim, Existing, Snapshot, Store, StoreError};
+use crate::telemetry::{Dedupe, Mismatch};
 
-use super::Context;
-
-/// The event's scoped key and its payload fingerprint.
-pub struct Identity {
-    pub key: ScopedKey,
-    pub fingerprint: String,
-}
-
-/// What the claim lets the pipeline do next.
-pub enum Decision {
-    /// First delivery: forward it, then complete or release with the token.
-    Fresh(LeaseToken),
-    /// Already processed: answer with the stored response.
+/// What the claims let the delivery do.
+pub enum Claims {
+    /// Forward: the signed body, or (`partial`) only the fresh elements.
+    Fresh {
+        held: HeldClaims,
+        partial: Option<PartialBatch>,
+    },
+    /// Every event was processed: answer with the stored response.
     Replay(Snapshot),
 }
 
-/// Extracts the key and the fingerprint. `Ok(None)`: no key, and the
-/// provider forwards such deliveries without dedupe.
-pub fn identify(cx: &mut Context) -> Result<Option<Identity>, GateError> {
-    let settings = &cx.gate.providers[cx.provider].settings;
-    let payload = Payload::new(&cx.body, &cx.head.headers);
-    let key = match &settings.key {
-        Some(source) => source.extract(&payload).map_err(|e| match e {
-            KeyError::NotJson | KeyError::NotForm | KeyError::Invalid(_) => {
-                GateError::BadPayload(e.to_string())
-            }
-        })?,
-        None => None,
-    };
-    let Some(key) = key else {
-        return match settings.on_missing_key {
-            OnMissingKey::Reject => Err(GateError::MissingKey),
-            OnMissingKey::Forward => Ok(None),
-        };
-    };
-    let fingerprint = payload.fingerprint(settings.fingerprint, &settings.volatile_fields);
-    let key = ScopedKey::new(&settings.name, key);
-    cx.record.key = Some(key.key.clone());
-    Ok(Some(Identity { key, fingerprint }))
+/// The claims, and what the delivery log says of them.
+pub struct Claimed {
+    pub claims: Claims,
+    pub dedupe: Dedupe,
+    /// A known key with a changed payload, let through (`on_mismatch =
+    /// "alert"`): an anomaly all the same.
+    pub mismatch: Option<Mismatch>,
 }
 
-/// Claims the key. Fails closed: a store error ends the delivery with 503
-/// and nothing is forwarded.
-pub async fn claim(cx: &mut Context, identity: &Identity) -> Result<Decision, GateError> {
-    let gate = &cx.gate;
-    let lease = gate.settings.dedupe.lease;
-    let claim = gate
-        .timed("claim", || {
-            gate.store
-                .claim(&identity.key, &identity.fingerprint, lease)
-        })
-        .await?;
-    let existing = match claim {
-        Claim::Fresh(token) => {
-            cx.record.dedupe = "fresh";
-            return Ok(Decision::Fresh(token));
-        }
-        Claim::Existing(existing) => existing,
-        Claim::Mismatch {
-            stored_fingerprint,
-            existing,
-        } => {
-            mismatch(
-                cx,
-                &identity.key,
-                &stored_fingerprint,
-                &identity.fingerprint,
-            )?;
-            existing
-        }
-    };
-    match existing {
-        Existing::InFlight { retry_after } => Err(GateError::InFlight { retry_after }),
-        Existing::Completed(snapshot) => {
-            if cx.record.dedupe != "mismatch" {
-                cx.record.dedupe = "duplicate";
-            }
-            cx.record.outcome = "duplicate";
-            cx.record.upstream_status = Some(snapshot.status);
-            Ok(Decision::Replay(snapshot))
-        }
+/// What the stage needs of the gate.
+pub struct ClaimContext<'a> {
+    pub store: &'a Arc<Store>,
+    pub inflight: &'a Arc<Inflight>,
+    pub lease: Duration,
+}
+
+/// Claims every identity's key; `body` is the delivery's raw body.
+pub async fn claim(
+    cx: &ClaimContext<'_>,
+    settings: &ProviderSettings,
+    body: &Bytes,
+    identities: &[Identity],
+) -> Result<Claimed, GateError> {
+    let (firsts, slot) = distinct(identities);
+    let answers = join_all(
+        firsts
+            .iter()
+            .map(|id| cx.store.claim(&id.key, &id.fingerprint, cx.lease)),
+    )
+    .await;
+    let sorted = sort(settings, &firsts, answers);
+    if let Some(error) = sorted.failure {
+        held::release(cx.store, &sorted.held).await;
+        return Err(error);
     }
-}
-
-/// A known key arrived with a different payload: logged with both
-/// fingerprints and counted as an anomaly whatever the provider's
-/// `on_mismatch`; an error when that is `reject`, else the delivery goes on
-/// as a duplicate.
-pub fn mismatch(
-    cx: &mut Context,
-    key: &ScopedKey,
-    stored: &str,
-    incoming: &str,
-) -> Result<(), GateError> {
-    let settings = &cx.gate.providers[cx.provider].settings;
-    tracing::warn!(
-        provider = %settings.name,
-        key = %key.key,
-        stored_fingerprint = %stored,
-        incoming_fingerprint = %incoming,
-        "payload mismatch: a known event id arrived with a different payload"
-    );
-    cx.gate.metrics.anomaly(&settings.name, "payload_mismatch");
-    if settings.on_mismatch == OnMismatch::Reject {
-        return Err(GateError::PayloadMismatch {
-            stored: stored.to_owned(),
-            incoming: incoming.to_owned(),
+    let fresh: Vec<&Identity> = (0..identities.len())
+        .filter(|&i| sorted.fresh[slot[i]])
+        .map(|i| &identities[i])
+        .collect();
+    let dedupe_seen = if sorted.mismatch.is_some() {
+        Dedupe::Mismatch
+    } else {
+        Dedupe::Duplicate
+    };
+    let (claims, dedupe) = if fresh.is_empty() {
+        let snapshot = sorted.replay.unwrap_or(Snapshot {
+            status: 200,
+            content_type: None,
+            body: Bytes::new(),
+            truncated: false,
         });
+        (Claims::Replay(snapshot), dedupe_seen)
+    } else {
+        let duplicates = identities.len() - fresh.len();
+        let partial = (duplicates > 0).then(|| PartialBatch {
+            body: assemble(body, &fresh),
+            forwarded: fresh.len(),
+            duplicates,
+        });
+        let held = HeldClaims::new(cx.store, cx.inflight, sorted.held);
+        (Claims::Fresh { held, partial }, Dedupe::Fresh)
+    };
+    Ok(Claimed {
+        claims,
+        dedupe,
+        mismatch: sorted.mismatch,
+    })
+}
+
+/// Each distinct key's first identity, in body order, and for each
+/// identity the index of its key among those.
+fn distinct(identities: &[Identity]) -> (Vec<&Identity>, Vec<usize>) {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(identities.len());
+    let mut firsts = Vec::new();
+    let slot = identities
+        .iter()
+        .map(|id| {
+            *seen.entry(id.key.key.as_str()).or_insert_with(|| {
+                firsts.push(id);
+                firsts.len() - 1
+            })
+        })
+        .collect();
+    (firsts, slot)
+}
+
+/// The store's answers, sorted out.
+struct Sorted {
+    /// Per distinct key: did this delivery take it?
+    fresh: Vec<bool>,
+    held: Vec<Held>,
+    replay: Option<Snapshot>,
+    mismatch: Option<Mismatch>,
+    failure: Option<GateError>,
+}
+
+fn sort(
+    settings: &ProviderSettings,
+    firsts: &[&Identity],
+    answers: Vec<Result<Claim, StoreError>>,
+) -> Sorted {
+    let mut out = Sorted {
+        fresh: vec![false; firsts.len()],
+        held: Vec::new(),
+        replay: None,
+        mismatch: None,
+        failure: None,
+    };
+    for (n, (answer, id)) in answers.into_iter().zip(firsts).enumerate() {
+        let existing = match answer {
+            Ok(Claim::Fresh(token)) => {
+                out.fresh[n] = true;
+                out.held.push((id.key.clone(), token));
+                continue;
+            }
+            Ok(Claim::Existing(existing)) => existing,
+            Ok(Claim::Mismatch {
+                stored_fingerprint,
+                existing,
+            }) => {
+                if settings.on_mismatch == OnMismatch::Reject {
+                    out.failure.get_or_insert(GateError::PayloadMismatch {
+                        key: id.key.key.clone(),
+                        stored: stored_fingerprint,
+                        incoming: id.fingerprint.clone(),
+                    });
+                    continue;
+                }
+                out.mismatch.get_or_insert(Mismatch {
+                    key: id.key.key.clone(),
+                    stored: stored_fingerprint,
+                    incoming: id.fingerprint.clone(),
+                });
+                existing
+            }
+            Err(e) => {
+                out.failure.get_or_insert(e.into());
+                continue;
+            }
+        };
+        match existing {
+            Existing::Completed(snapshot) => {
+                out.replay.get_or_insert(snapshot);
+            }
+            Existing::InFlight { retry_after } => {
+                out.failure
+                    .get_or_insert(GateError::InFlight { retry_after });
+            }
+        }
     }
-    cx.record.dedupe = "mismatch";
-    Ok(())
+    out
+}
+
+/// A JSON array of the given elements, each with its original bytes.
+fn assemble(body: &Bytes, elements: &[&Identity]) -> Bytes {
+    let mut out = BytesMut::with_capacity(body.len());
+    out.put_u8(b'[');
+    for (n, id) in elements.iter().enumerate() {
+        if n > 0 {
+            out.put_u8(b',');
+        }
+        if let Some(range) = &id.range {
+            out.extend_from_slice(&body[range.clone()]);
+        }
+    }
+    out.put_u8(b']');
+    out.freeze()
 }

@@ -1,24 +1,27 @@
-//! Phase 8, finish: what the app's answer means for the claim, and what the
-//! sender is told.
+//! Stage 8, finish: what the app's answer means for the claims, and what
+//! the sender is told.
 //!
-//! 2xx: mark the key completed with a snapshot of the answer (a failed mark
-//! is retried in the background for as long as the claim's lease can still
-//! hold; the sender still gets its 2xx, since the app did the work).
-//! Anything else: release the key so the sender's retry gets through, and
-//! pass the app's answer (or 502/504) back.
+//! The status decides. 2xx: mark the keys completed with a snapshot of the
+//! answer (a failed mark is retried in the background for as long as the
+//! claim's lease can still hold; the sender still gets its 2xx, since the
+//! app did the work), even when the body was cut. Anything else: release
+//! the keys so the sender's retry gets through, and pass the app's answer
+//! (or 502/504) back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::Response;
 use http::header::{self, HeaderValue};
+use tokio_util::task::TaskTracker;
 
-use super::Context;
-use super::held::HeldClaims;
+use super::held::{self, HeldClaims};
 use crate::body::{self, ProxyBody};
 use crate::error::{GateError, RESULT_HEADER};
-use crate::gate::Gate;
-use crate::store::{Backend, LeaseToken, ScopedKey, Snapshot};
+use crate::metrics::Metrics;
+use crate::settings::ProviderSettings;
+use crate::store::{Backend, LeaseToken, ScopedKey, Snapshot, Store};
+use crate::telemetry::Outcome;
 use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
 
 /// How far apart a failed mark is retried: the attempt number times this,
@@ -26,94 +29,100 @@ use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
 const MARK_BACKOFF: Duration = Duration::from_millis(200);
 const MARK_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-/// A claim this delivery holds: the key and the token that owns it.
-pub type Held = (ScopedKey, LeaseToken);
+/// Marks keys completed, retrying in the background when the store fails.
+pub struct Marks {
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    /// Retries still running: shutdown waits for them within its grace,
+    /// since a mark given up is a delivery the next redelivery would
+    /// process again.
+    pending: TaskTracker,
+    lease: Duration,
+    max_response_bytes: usize,
+}
 
-/// Finishes a delivery that holds claims (one, or one per batch element).
-/// The status decides: a 2xx head means the app did the work, even when its
-/// body was cut, so the claims are marked and the sender gets that status.
-pub async fn claimed(
-    cx: &mut Context,
-    held: HeldClaims,
+impl Marks {
+    pub fn new(
+        store: Arc<Store>,
+        metrics: Arc<Metrics>,
+        lease: Duration,
+        max_response_bytes: usize,
+    ) -> Self {
+        Self {
+            store,
+            metrics,
+            pending: TaskTracker::new(),
+            lease,
+            max_response_bytes,
+        }
+    }
+
+    /// The retries still running.
+    pub fn pending(&self) -> &TaskTracker {
+        &self.pending
+    }
+}
+
+/// Finishes a forwarded delivery: marks or releases what it holds (nothing,
+/// when it was forwarded without a key) and answers the sender.
+pub async fn finish(
+    marks: &Marks,
+    settings: &ProviderSettings,
+    held: Option<HeldClaims>,
     answer: Result<Buffered, UpstreamError>,
-) -> Result<Response<ProxyBody>, GateError> {
-    let gate = Arc::clone(&cx.gate);
+) -> Result<(Response<ProxyBody>, Outcome), GateError> {
     let answer = match answer {
         Ok(answer) if answer.parts.status.is_success() => {
-            if let Some(cut) = &answer.cut {
-                tracing::warn!(provider = %cx.provider().settings.name, cut = %cut, "the app answered 2xx with a body cut short; marked processed");
+            if let Some(held) = held {
+                if let Some(cut) = &answer.cut {
+                    tracing::warn!(provider = %settings.name, cut = %cut, "the app answered 2xx with a body cut short; marked processed");
+                }
+                let snapshot = snapshot(&answer, marks.max_response_bytes);
+                for (key, token) in held.claims() {
+                    mark(marks, settings, key, token, &snapshot).await;
+                }
+                held.settled();
             }
-            let snapshot = snapshot(&answer, gate.settings.dedupe.max_response_bytes);
-            for (key, token) in held.claims() {
-                mark(&gate, cx.provider, key, token, &snapshot).await;
-            }
-            held.settled();
-            return Ok(relay(answer, "forwarded"));
+            return Ok((relay(answer, "forwarded"), Outcome::Forwarded));
         }
         other => other,
     };
-    release(&gate, held.claims()).await;
-    held.settled();
-    unclaimed(cx, answer)
-}
-
-/// Releases claims so that the sender's retry gets through at once.
-pub async fn release(gate: &Gate, held: &[Held]) {
-    for (key, token) in held {
-        if let Err(e) = gate
-            .timed("release", || gate.store.release(key, token))
-            .await
-        {
-            // The lease expires on its own; the sender's retry waits for it.
-            tracing::warn!(key = %key, error = %e, "release failed; the lease will expire");
-        }
+    if let Some(held) = held {
+        held::release(&marks.store, held.claims()).await;
+        held.settled();
+    }
+    match answer {
+        Ok(answer) => Ok((relay(answer, "upstream_error"), Outcome::UpstreamError)),
+        Err(UpstreamError::Timeout(d)) => Err(GateError::UpstreamTimeout(d)),
+        Err(e) => Err(GateError::UpstreamUnreachable(e.to_string())),
     }
 }
 
 /// Marks the key completed; a failed mark is retried in the background.
 async fn mark(
-    gate: &Arc<Gate>,
-    provider: usize,
+    marks: &Marks,
+    settings: &ProviderSettings,
     key: &ScopedKey,
     token: &LeaseToken,
     snapshot: &Snapshot,
 ) {
-    let retention = gate.providers[provider].settings.retention;
-    let complete = || gate.store.complete(key, token, snapshot, retention);
-    match gate.timed("complete", complete).await {
+    let retention = settings.retention;
+    match marks.store.complete(key, token, snapshot, retention).await {
         Ok(true) => {}
         Ok(false) => {
             tracing::warn!(key = %key, "claim lost before the mark: the lease had expired");
         }
         Err(e) => {
             tracing::warn!(key = %key, error = %e, "mark failed; retrying in the background");
-            let provider = gate.providers[provider].settings.name.clone();
-            let snapshot = snapshot.clone();
-            spawn_mark_retry(
-                Arc::clone(gate),
-                provider,
-                key.clone(),
-                token.clone(),
-                snapshot,
+            let retry = MarkRetry {
+                provider: settings.name.clone(),
+                key: key.clone(),
+                token: token.clone(),
+                snapshot: snapshot.clone(),
                 retention,
-            );
+            };
+            retry.spawn(marks);
         }
-    }
-}
-
-/// Finishes a delivery forwarded without a claim (no key, forward mode).
-pub fn unclaimed(
-    cx: &mut Context,
-    answer: Result<Buffered, UpstreamError>,
-) -> Result<Response<ProxyBody>, GateError> {
-    match answer {
-        Ok(answer) if answer.parts.status.is_success() => Ok(relay(answer, "forwarded")),
-        Ok(answer) => {
-            cx.record.outcome = "upstream_error";
-            Ok(relay(answer, "upstream_error"))
-        }
-        Err(UpstreamError::Timeout(d)) => Err(GateError::UpstreamTimeout(d)),
-        Err(e) => Err(GateError::UpstreamUnreachable(e.to_string())),
     }
 }
 
@@ -171,45 +180,50 @@ fn snapshot(answer: &Buffered, max_bytes: usize) -> Snapshot {
     }
 }
 
-/// Retries the mark with backoff until it lands, the claim is found lost, or
-/// the lease has run out: the claim was taken before the app was called, so
-/// a full `store.lease` from now is past its end, and no mark can land after
-/// that. A store outage shorter than the lease's remainder thus costs
-/// nothing; a longer one lets the lease expire, and a redelivery is
-/// forwarded again (the at-least-once boundary, docs/RELIABILITY.md).
-fn spawn_mark_retry(
-    gate: Arc<Gate>,
+/// A mark to retry: everything it needs, owned.
+struct MarkRetry {
     provider: String,
     key: ScopedKey,
     token: LeaseToken,
     snapshot: Snapshot,
     retention: Duration,
-) {
-    let deadline = tokio::time::Instant::now() + gate.settings.dedupe.lease;
-    let tracker = gate.pending_marks.clone();
-    tracker.spawn(async move {
-        let mut attempt = 0u32;
-        loop {
-            attempt += 1;
-            let pause = (MARK_BACKOFF * attempt).min(MARK_BACKOFF_MAX);
-            if tokio::time::Instant::now() + pause >= deadline {
-                break;
-            }
-            tokio::time::sleep(pause).await;
-            gate.metrics.mark_retry(&provider);
-            let complete = || gate.store.complete(&key, &token, &snapshot, retention);
-            match gate.timed("complete", complete).await {
-                Ok(true) => {
-                    tracing::info!(key = %key, attempt, "mark retry succeeded");
-                    return;
+}
+
+impl MarkRetry {
+    /// Retries the mark with backoff until it lands, the claim is found
+    /// lost, or the lease has run out: the claim was taken before the app
+    /// was called, so a full `store.lease` from now is past its end, and no
+    /// mark can land after that. A store outage shorter than the lease's
+    /// remainder thus costs nothing; a longer one lets the lease expire, and
+    /// a redelivery is forwarded again (the at-least-once boundary,
+    /// docs/RELIABILITY.md).
+    fn spawn(self, marks: &Marks) {
+        let deadline = tokio::time::Instant::now() + marks.lease;
+        let (store, metrics) = (Arc::clone(&marks.store), Arc::clone(&marks.metrics));
+        marks.pending.spawn(async move {
+            let Self { provider, key, token, snapshot, retention } = self;
+            let mut attempt = 0u32;
+            loop {
+                attempt += 1;
+                let pause = (MARK_BACKOFF * attempt).min(MARK_BACKOFF_MAX);
+                if tokio::time::Instant::now() + pause >= deadline {
+                    break;
                 }
-                Ok(false) => {
-                    tracing::warn!(key = %key, attempt, "mark retry found the claim lost");
-                    return;
+                tokio::time::sleep(pause).await;
+                metrics.mark_retry(&provider);
+                match store.complete(&key, &token, &snapshot, retention).await {
+                    Ok(true) => {
+                        tracing::info!(key = %key, attempt, "mark retry succeeded");
+                        return;
+                    }
+                    Ok(false) => {
+                        tracing::warn!(key = %key, attempt, "mark retry found the claim lost");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(key = %key, attempt, error = %e, "mark retry failed"),
                 }
-                Err(e) => tracing::warn!(key = %key, attempt, error = %e, "mark retry failed"),
             }
-        }
-        tracing::error!(key = %key, attempt, "mark retries exhausted with the lease; a redelivery may be forwarded again");
-    });
+            tracing::error!(key = %key, attempt, "mark retries exhausted with the lease; a redelivery may be forwarded again");
+        });
+    }
 }

@@ -1,16 +1,17 @@
-//! Phase 7, forward: the delivery to the application, byte for byte, with
+//! Stage 7, forward: the delivery to the application, byte for byte, with
 //! the original headers minus hop-by-hop ones and the gate's own headers.
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::Authority;
-use http::{Request, Version};
+use http::{Request as HttpRequest, Version};
 
-use super::Context;
+use super::read::Request;
 use crate::body;
 use crate::server::Conn;
+use crate::settings::ProviderSettings;
 use crate::store::ScopedKey;
-use crate::upstream::{Buffered, UpstreamError, strip_hop_by_hop};
+use crate::upstream::{Buffered, Upstream, UpstreamError, strip_hop_by_hop};
 
 pub const EVENT_KEY: HeaderName = HeaderName::from_static("hookgate-event-key");
 pub const PROVIDER: HeaderName = HeaderName::from_static("hookgate-provider");
@@ -27,50 +28,45 @@ pub struct PartialBatch {
     pub duplicates: usize,
 }
 
+/// What is sent: the signed body under the event's key (one event), or a
+/// partial batch.
+pub enum Payload {
+    Signed(Option<ScopedKey>),
+    Partial(PartialBatch),
+}
+
 /// Sends the delivery and reads the app's answer, within `upstream.timeout`.
-pub async fn send(cx: &mut Context, key: Option<&ScopedKey>) -> Result<Buffered, UpstreamError> {
-    send_with(cx, key, None).await
-}
-
-/// Sends the fresh elements of a batch in place of the signed body.
-pub async fn send_partial(
-    cx: &mut Context,
-    batch: PartialBatch,
+pub async fn send(
+    upstream: &Upstream,
+    settings: &ProviderSettings,
+    request: &Request,
+    conn: Conn,
+    payload: Payload,
 ) -> Result<Buffered, UpstreamError> {
-    send_with(cx, None, Some(batch)).await
-}
-
-async fn send_with(
-    cx: &mut Context,
-    key: Option<&ScopedKey>,
-    batch: Option<PartialBatch>,
-) -> Result<Buffered, UpstreamError> {
-    let provider = &cx.gate.providers[cx.provider].settings;
     // The path the provider is configured with, not the request's spelling
     // of it: routing found them the same (crate::route), and the app must
     // route it the same way too.
-    let path = provider.upstream_path.as_ref().unwrap_or(&provider.path);
-    let path_and_query = match cx.head.uri.query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.clone(),
+    let path = settings.upstream_path.as_ref().unwrap_or(&settings.path);
+    let uri = match request.head.uri.query() {
+        Some(q) => upstream.target(&format!("{path}?{q}"))?,
+        None => upstream.target(path)?,
     };
-    let uri = cx.gate.upstream.target(&path_and_query)?;
-    let mut headers = cx.head.headers.clone();
-    prepare_headers(&mut headers, cx.conn, cx.head.uri.authority());
-    if let Some(key) = key {
-        // Keys are validated printable text, so this cannot fail.
-        if let Ok(v) = HeaderValue::try_from(key.to_string()) {
-            headers.insert(EVENT_KEY, v);
-        }
-    }
-    let name = HeaderValue::try_from(provider.name.as_str()).ok();
+    let mut headers = request.head.headers.clone();
+    prepare_headers(&mut headers, conn, request.head.uri.authority());
+    let name = HeaderValue::try_from(settings.name.as_str()).ok();
     if let Some(v) = &name {
         headers.insert(PROVIDER, v.clone());
     }
-    let body = match batch {
-        None => cx.body.clone(),
-        Some(batch) => {
-            for signature in provider.scheme.signature_headers() {
+    let body = match payload {
+        Payload::Signed(key) => {
+            // Keys are validated printable text, so this cannot fail.
+            if let Some(v) = key.and_then(|k| HeaderValue::try_from(k.to_string()).ok()) {
+                headers.insert(EVENT_KEY, v);
+            }
+            request.body.clone()
+        }
+        Payload::Partial(batch) => {
+            for signature in settings.scheme.signature_headers() {
                 headers.remove(signature);
             }
             headers.remove(header::CONTENT_LENGTH);
@@ -87,18 +83,12 @@ async fn send_with(
             batch.body
         }
     };
-    let mut req = Request::new(body::full(body));
-    *req.method_mut() = cx.head.method.clone();
+    let mut req = HttpRequest::new(body::full(body));
+    *req.method_mut() = request.head.method.clone();
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = headers;
-    let started = std::time::Instant::now();
-    let result = cx.gate.upstream.call_buffered(req).await;
-    cx.gate.metrics.upstream(&provider.name, started.elapsed());
-    if let Ok(answer) = &result {
-        cx.record.upstream_status = Some(answer.parts.status.as_u16());
-    }
-    result
+    upstream.call_buffered(&settings.name, req).await
 }
 
 /// The headers every forwarded request gets, delivery or passthrough: no

@@ -1,25 +1,62 @@
 //! The claims a running delivery holds, as a guard that cannot be
-//! forgotten: the finish phase hands them to the mark or releases them, and
+//! forgotten: the finish stage hands them to the mark or releases them, and
 //! a delivery that ends any other way (a panic, a cancelled task) releases
 //! them when the guard drops, so the sender's retry is not held off for a
 //! whole lease.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::finish::{self, Held};
-use crate::gate::Gate;
+use crate::store::{Backend, LeaseToken, ScopedKey, Store};
 
-/// Claims held by one delivery, tracked for shutdown while held.
+/// A claim a delivery holds: the key and the token that owns it.
+pub type Held = (ScopedKey, LeaseToken);
+
+/// Every claim held by a running delivery, for shutdown: what is still held
+/// when its grace runs out is released, so the senders' retries get through
+/// at once instead of waiting out the lease.
+#[derive(Default)]
+pub struct Inflight(Mutex<HashMap<LeaseToken, ScopedKey>>);
+
+impl Inflight {
+    fn lock(&self) -> MutexGuard<'_, HashMap<LeaseToken, ScopedKey>> {
+        // Every update is a single insert or remove: a panic elsewhere
+        // cannot leave the map half-written.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Releases every claim still held; returns how many were.
+    pub async fn release_all(&self, store: &Store) -> usize {
+        let held: Vec<_> = self.lock().drain().collect();
+        let mut released = 0;
+        for (token, key) in held {
+            match store.release(&key, &token).await {
+                Ok(true) => released += 1,
+                Ok(false) => {}
+                Err(e) => tracing::warn!(key = %key, error = %e, "release at shutdown failed"),
+            }
+        }
+        released
+    }
+}
+
+/// Claims held by one delivery, tracked in [`Inflight`] while held.
 pub struct HeldClaims {
-    gate: Arc<Gate>,
+    store: Arc<Store>,
+    inflight: Arc<Inflight>,
     claims: Vec<Held>,
 }
 
 impl HeldClaims {
-    pub fn new(gate: &Arc<Gate>, claims: Vec<Held>) -> Self {
-        gate.track(&claims);
+    pub fn new(store: &Arc<Store>, inflight: &Arc<Inflight>, claims: Vec<Held>) -> Self {
+        let mut map = inflight.lock();
+        for (key, token) in &claims {
+            map.insert(token.clone(), key.clone());
+        }
+        drop(map);
         Self {
-            gate: Arc::clone(gate),
+            store: Arc::clone(store),
+            inflight: Arc::clone(inflight),
             claims,
         }
     }
@@ -30,8 +67,26 @@ impl HeldClaims {
 
     /// The claims were marked or released: nothing is left to do on drop.
     pub fn settled(mut self) {
-        let tokens: Vec<_> = self.claims.drain(..).map(|(_, token)| token).collect();
-        self.gate.untrack(&tokens);
+        self.untrack();
+    }
+
+    fn untrack(&mut self) -> Vec<Held> {
+        let claims = std::mem::take(&mut self.claims);
+        let mut map = self.inflight.lock();
+        for (_, token) in &claims {
+            map.remove(token);
+        }
+        claims
+    }
+}
+
+/// Releases claims so that the sender's retry gets through at once. A
+/// failed release is logged: the lease expires on its own.
+pub async fn release(store: &Store, held: &[Held]) {
+    for (key, token) in held {
+        if let Err(e) = store.release(key, token).await {
+            tracing::warn!(key = %key, error = %e, "release failed; the lease will expire");
+        }
     }
 }
 
@@ -40,17 +95,15 @@ impl Drop for HeldClaims {
         if self.claims.is_empty() {
             return;
         }
-        let claims = std::mem::take(&mut self.claims);
-        let tokens: Vec<_> = claims.iter().map(|(_, token)| token.clone()).collect();
-        self.gate.untrack(&tokens);
+        let claims = self.untrack();
         tracing::warn!(
             claims = claims.len(),
             "a delivery ended without finishing; releasing its claims"
         );
         // Outside a runtime (the process is ending) the leases expire alone.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let gate = Arc::clone(&self.gate);
-            runtime.spawn(async move { finish::release(&gate, &claims).await });
+            let store = Arc::clone(&self.store);
+            runtime.spawn(async move { release(&store, &claims).await });
         }
     }
 }

@@ -1,22 +1,37 @@
-//! Phase 2, rate limit: the provider's bucket, then the source's. It runs
+//! Stage 1, rate limit: the provider's bucket, then the source's. It runs
 //! before the body is read, so a flood costs the gate as little as possible.
 
-use super::Context;
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName};
+
 use crate::error::GateError;
-use crate::ratelimit::source_ip;
+use crate::gate::Provider;
+use crate::ratelimit::{SourceLimit, source_ip};
+
+/// Where a request comes from, as the per-source bucket sees it.
+pub struct Source<'a> {
+    pub limit: Option<&'a SourceLimit>,
+    /// The trusted forwarding header, when the gate sits behind an ingress.
+    pub header: Option<&'a HeaderName>,
+    pub peer: IpAddr,
+}
 
 /// Takes a token from each bucket that applies; 429 when one is empty.
-pub fn check(cx: &Context) -> Result<(), GateError> {
-    if let Some(limit) = &cx.provider().limit {
+pub fn check(
+    provider: &Provider,
+    source: &Source<'_>,
+    headers: &HeaderMap,
+) -> Result<(), GateError> {
+    if let Some(limit) = &provider.limit {
         limit
             .check()
             .map_err(|retry_after| GateError::RateLimited { retry_after })?;
     }
-    if let Some(limit) = &cx.gate.source_limit {
-        let header = cx.gate.settings.server.client_ip_header.as_ref();
-        let source = source_ip(cx.conn.peer.ip(), &cx.head.headers, header);
+    if let Some(limit) = source.limit {
+        let ip = source_ip(source.peer, headers, source.header);
         limit
-            .check(source)
+            .check(ip)
             .map_err(|retry_after| GateError::RateLimited { retry_after })?;
     }
     Ok(())

@@ -1,14 +1,31 @@
-//! The delivery pipeline: rate limit -> read -> verify -> window -> key -> claim ->
-//! forward -> finish. Each phase is a small function in its own file; this
-//! file routes requests and runs the phases in order.
+//! The delivery pipeline (SPEC section 1). Each stage takes what the one
+//! before produced and returns a value; none reaches into the gate for
+//! more than it is given.
+//!
+//! How a delivery flows, by stage and the type it hands on:
+//!
+//! | stage | file | takes | returns |
+//! |---|---|---|---|
+//! | route | `crate::route` | the path | [`Route`]: a provider, refused (`bad_path`), or passthrough |
+//! | limit | `limit.rs` | the provider's and the source's buckets | `()` or 429 |
+//! | read | `read.rs` | the head and the body stream | [`read::Request`]: head and raw bytes |
+//! | verify | `verify.rs` | the provider, the request | [`Verified`](crate::provider::Verified): the matching secret, the signed time |
+//! | plan | `plan.rs` | the provider's key settings, the request | [`plan::Plan`]: `Unkeyed`, or `Keyed` identities (a single key is a batch of one) |
+//! | claim | `claim.rs` | the store, the identities | [`claim::Claimed`]: `Fresh` held claims (a guard) with the body to send, or `Replay` |
+//! | forward | `forward.rs` | the upstream, the request, what to send | the app's answer ([`Buffered`](crate::upstream::Buffered)) or why there is none |
+//! | finish | `finish.rs` | the marks, the held claims, the answer | the response and its [`Outcome`] |
+//!
+//! The runner below threads the values through and fills the delivery's
+//! [`DeliveryRecord`] from them; the record alone writes the log line and
+//! the counters. Queue mode will be another terminal stage after `claim`.
 
-mod batch;
 mod claim;
 mod finish;
 mod forward;
 mod held;
 mod limit;
 mod passthrough;
+mod plan;
 mod read;
 mod verify;
 
@@ -16,35 +33,22 @@ use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures_util::FutureExt;
 use http::{Method, Request, Response, request};
 use hyper::body::Incoming;
 
+use self::claim::{ClaimContext, Claims};
+pub use self::finish::Marks;
+use self::forward::Payload;
+pub use self::held::Inflight;
+use self::limit::Source;
+use self::plan::Plan;
 use crate::body::ProxyBody;
 use crate::error::GateError;
 use crate::gate::{Gate, Provider};
-use crate::key::KeySource;
 use crate::route::Route;
 use crate::server::Conn;
-use crate::telemetry::DeliveryRecord;
-use held::HeldClaims;
-
-/// What a phase hands on: the request head, its raw body and who sent it.
-pub struct Context {
-    pub gate: Arc<Gate>,
-    pub provider: usize,
-    pub head: request::Parts,
-    pub body: Bytes,
-    pub conn: Conn,
-    pub record: DeliveryRecord,
-}
-
-impl Context {
-    pub fn provider(&self) -> &Provider {
-        &self.gate.providers[self.provider]
-    }
-}
+use crate::telemetry::{DeliveryRecord, Outcome, Verification};
 
 /// Entry point for every request on the public listener.
 pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Response<ProxyBody> {
@@ -82,48 +86,103 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     }
 }
 
-/// Runs the phases for one delivery and writes its log line. A panic in a
-/// phase is a defect: it is answered 500 `internal_error`, logged and
-/// counted like any outcome, and its claims are released as the phases'
-/// future unwinds (`HeldClaims`).
+/// Runs the stages for one delivery and writes its log line. A panic in a
+/// stage is a defect: it is answered 500 `internal_error`, logged and
+/// counted like any outcome, and its claims are released as the stages'
+/// future unwinds (`held::HeldClaims`).
 async fn deliver(
     gate: Arc<Gate>,
-    provider: usize,
+    index: usize,
     req: Request<Incoming>,
     conn: Conn,
 ) -> Response<ProxyBody> {
+    let provider = &gate.providers[index];
     let (head, incoming) = req.into_parts();
     let traceparent = head
         .headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let record = DeliveryRecord::new(&gate.providers[provider].settings.name, traceparent);
-    let mut cx = Context {
-        gate,
-        provider,
-        head,
-        body: Bytes::new(),
-        conn,
-        record,
-    };
-    let outcome = AssertUnwindSafe(phases(&mut cx, incoming))
-        .catch_unwind()
-        .await;
-    let response = match outcome {
+    let mut record = DeliveryRecord::new(&provider.settings.name, traceparent);
+    let run = stages(&gate, provider, conn, head, incoming, &mut record);
+    let response = match AssertUnwindSafe(run).catch_unwind().await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
-            cx.record.fail(&error);
+            record.fail(&error);
             error.to_response()
         }
         Err(panic) => {
             let error = GateError::Internal(panic_message(panic.as_ref()));
-            cx.record.fail(&error);
+            record.fail(&error);
             error.to_response()
         }
     };
-    cx.record.emit(&cx.gate.metrics);
+    record.emit(&gate.metrics);
     response
+}
+
+/// The stages in order; the record learns each one's result.
+async fn stages(
+    gate: &Gate,
+    provider: &Provider,
+    conn: Conn,
+    head: request::Parts,
+    incoming: Incoming,
+    record: &mut DeliveryRecord,
+) -> Result<Response<ProxyBody>, GateError> {
+    let source = Source {
+        limit: gate.source_limit.as_ref(),
+        header: gate.settings.server.client_ip_header.as_ref(),
+        peer: conn.peer.ip(),
+    };
+    limit::check(provider, &source, &head.headers)?;
+    let request = read::read(&gate.settings.server, head, incoming).await?;
+    let verified = verify::verify(provider, &request)?;
+    record.verification = Verification::Ok;
+    record.secret_index = Some(verified.secret_index);
+    let settings = &provider.settings;
+    let (held, payload) = match plan::plan(settings, &request)? {
+        Plan::Unkeyed => (None, Payload::Signed(None)),
+        Plan::Keyed(identities) => {
+            record.key = Some(Plan::label(&identities));
+            let cx = ClaimContext {
+                store: &gate.store,
+                inflight: &gate.inflight,
+                lease: gate.settings.dedupe.lease,
+            };
+            let claimed = claim::claim(&cx, settings, &request.body, &identities).await?;
+            record.dedupe = claimed.dedupe;
+            record.mismatch = claimed.mismatch;
+            match claimed.claims {
+                Claims::Replay(snapshot) => {
+                    record.outcome = Outcome::Duplicate;
+                    record.upstream_status = Some(snapshot.status);
+                    return Ok(finish::replay(snapshot));
+                }
+                Claims::Fresh { held, partial } => {
+                    fault_point(gate);
+                    let payload = match (partial, identities.as_slice()) {
+                        (Some(partial), _) => Payload::Partial(partial),
+                        (None, [one]) => Payload::Signed(Some(one.key.clone())),
+                        (None, _) => Payload::Signed(None),
+                    };
+                    (Some(held), payload)
+                }
+            }
+        }
+    };
+    let answer = forward::send(&gate.upstream, settings, &request, conn, payload).await;
+    record.upstream_status = answer.as_ref().ok().map(|a| a.parts.status.as_u16());
+    let (response, outcome) = finish::finish(&gate.marks, settings, held, answer).await?;
+    record.outcome = outcome;
+    Ok(response)
+}
+
+/// Where tests inject a defect (`Settings::faults`): claims are held.
+fn fault_point(gate: &Gate) {
+    if gate.settings.faults.panic_after_claim {
+        panic!("injected fault: panic after claim");
+    }
 }
 
 /// The text a panic carried, when it was a string (it usually is).
@@ -133,38 +192,4 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic with no message".to_owned())
-}
-
-async fn phases(cx: &mut Context, incoming: Incoming) -> Result<Response<ProxyBody>, GateError> {
-    limit::check(cx)?;
-    let body = read::body(cx, incoming).await?;
-    cx.body = read::unshare(&mut cx.head, body);
-    let verified = verify::signature(cx)?;
-    verify::window(cx, verified.timestamp)?;
-    if let Some(KeySource::Batch(pointer)) = &cx.provider().settings.key {
-        let pointer = pointer.clone();
-        return batch::run(cx, &pointer).await;
-    }
-    let Some(identity) = claim::identify(cx)? else {
-        // No key and on_missing_key = "forward": no dedupe for this one.
-        let answer = forward::send(cx, None).await;
-        return finish::unclaimed(cx, answer);
-    };
-    match claim::claim(cx, &identity).await? {
-        claim::Decision::Fresh(token) => {
-            let held = HeldClaims::new(&cx.gate, vec![(identity.key, token)]);
-            fault_point(cx);
-            let key = held.claims()[0].0.clone();
-            let answer = forward::send(cx, Some(&key)).await;
-            finish::claimed(cx, held, answer).await
-        }
-        claim::Decision::Replay(snapshot) => Ok(finish::replay(snapshot)),
-    }
-}
-
-/// Where tests inject a defect (`Settings::faults`): claims are held.
-fn fault_point(cx: &Context) {
-    if cx.gate.settings.faults.panic_after_claim {
-        panic!("injected fault: panic after claim");
-    }
 }

@@ -1,4 +1,4 @@
-//! Phase 1, read: the raw body, at most `server.max_body_bytes`, within
+//! Stage 2, read: the raw body, at most `server.max_body_bytes`, within
 //! `server.read_timeout`. The bytes are kept exactly: they are what is
 //! verified and what is forwarded.
 
@@ -7,16 +7,24 @@ use http::{HeaderValue, Uri, header, request};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 
-use super::Context;
 use crate::error::GateError;
+use crate::settings::ServerSettings;
+
+/// A delivery as read: its head and its raw body, both off hyper's buffers.
+pub struct Request {
+    pub head: request::Parts,
+    pub body: Bytes,
+}
 
 /// Reads the whole body. A declared length over the limit is refused before
 /// a byte is read; a body that grows past it is cut off as soon as it does.
-pub async fn body(cx: &Context, incoming: Incoming) -> Result<Bytes, GateError> {
-    let server = &cx.gate.settings.server;
+pub async fn read(
+    server: &ServerSettings,
+    mut head: request::Parts,
+    incoming: Incoming,
+) -> Result<Request, GateError> {
     let limit = server.max_body_bytes;
-    let declared = cx
-        .head
+    let declared = head
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -26,14 +34,20 @@ pub async fn body(cx: &Context, incoming: Incoming) -> Result<Bytes, GateError> 
     }
     let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
     let read = Limited::new(incoming, limit_usize).collect();
-    match tokio::time::timeout(server.read_timeout, read).await {
-        Err(_) => Err(GateError::RequestTimeout),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(GateError::PayloadTooLarge { limit }),
-        Ok(Err(e)) => Err(GateError::BadPayload(format!(
-            "body could not be read: {e}"
-        ))),
-    }
+    let body = match tokio::time::timeout(server.read_timeout, read).await {
+        Err(_) => return Err(GateError::RequestTimeout),
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => {
+            return Err(GateError::PayloadTooLarge { limit });
+        }
+        Ok(Err(e)) => {
+            return Err(GateError::BadPayload(format!(
+                "body could not be read: {e}"
+            )));
+        }
+    };
+    let body = unshare(&mut head, body);
+    Ok(Request { head, body })
 }
 
 /// Moves the request head and body off hyper's read buffer. hyper parses

@@ -1,42 +1,43 @@
-//! Phases 2 and 3, verify and window: the signature against every active
+//! Stages 3 and 4, verify and window: the signature against every active
 //! secret, then the signed timestamp against the replay window.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::Context;
+use super::read::Request;
 use crate::error::GateError;
+use crate::gate::Provider;
 use crate::provider::{Delivery, Verified};
+use crate::settings::ProviderSettings;
 
-/// Verifies the signature over the raw body. Any active secret may match;
-/// the matching one's index is recorded for the rotation metric.
-pub fn signature(cx: &mut Context) -> Result<Verified, GateError> {
-    let provider = cx.provider();
+/// Verifies the signature over the raw body (any active secret may match;
+/// the match's index is returned for the rotation metric), then the window.
+pub fn verify(provider: &Provider, request: &Request) -> Result<Verified, GateError> {
+    let settings = &provider.settings;
     let secrets = provider.secrets.active(SystemTime::now());
     let delivery = Delivery {
-        headers: &cx.head.headers,
-        body: &cx.body,
-        uri: &cx.head.uri,
+        headers: &request.head.headers,
+        body: &request.body,
+        uri: &request.head.uri,
     };
-    let result = provider.settings.scheme.verify(&delivery, &secrets);
-    let status = provider.settings.reject_status;
-    match result {
-        Ok(verified) => {
-            cx.record.verification = "ok";
-            cx.record.secret_index = Some(verified.secret_index);
-            Ok(verified)
-        }
-        Err(source) => Err(GateError::InvalidSignature { status, source }),
-    }
+    let verified = settings
+        .scheme
+        .verify(&delivery, &secrets)
+        .map_err(|source| GateError::InvalidSignature {
+            status: settings.reject_status,
+            source,
+        })?;
+    window(settings, verified.timestamp)?;
+    Ok(verified)
 }
 
 /// Rejects a signed timestamp more than `tolerance` in the past or more
 /// than `future_tolerance` in the future. Schemes that sign no timestamp
-/// rely on the dedupe store alone.
-pub fn window(cx: &Context, timestamp: Option<i64>) -> Result<(), GateError> {
+/// rely on the dedupe store alone. Tolerances are bounded by the config,
+/// so the conversions below cannot wrap.
+fn window(settings: &ProviderSettings, timestamp: Option<i64>) -> Result<(), GateError> {
     let Some(signed) = timestamp else {
         return Ok(());
     };
-    let settings = &cx.provider().settings;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);

@@ -13,9 +13,12 @@ mod sqlite;
 use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+
+use crate::metrics::Metrics;
 
 pub use self::memory::MemoryStore;
 pub use self::postgres::{PartitionHealth, PostgresStore};
@@ -190,10 +193,12 @@ pub struct StoreSettings {
 }
 
 /// The configured backend, dispatched by enum so the pipeline is not
-/// generic, with every operation bounded by the store's timeout.
+/// generic, with every operation bounded by the store's timeout and, once
+/// [`Store::timed_by`] gave it the gate's metrics, timed.
 pub struct Store {
     backend: Dispatch,
     op_timeout: Duration,
+    metrics: Option<Arc<Metrics>>,
 }
 
 enum Dispatch {
@@ -209,7 +214,8 @@ enum Dispatch {
 /// boxed: one allocation beside a network round trip, and 2 KiB less for
 /// each delivery on every backend (docs/BENCHMARKS.md, Memory).
 macro_rules! dispatch {
-    ($self:ident, $s:ident => $call:expr) => {{
+    ($self:ident, $operation:literal, $s:ident => $call:expr) => {{
+        let started = Instant::now();
         let fut = async {
             match &$self.backend {
                 Dispatch::Memory($s) => $call.await,
@@ -218,10 +224,14 @@ macro_rules! dispatch {
                 Dispatch::Postgres($s) => Box::pin($call).await,
             }
         };
-        match tokio::time::timeout($self.op_timeout, fut).await {
+        let result = match tokio::time::timeout($self.op_timeout, fut).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout($self.op_timeout)),
+        };
+        if let Some(metrics) = &$self.metrics {
+            metrics.store($self.backend_name(), $operation, started.elapsed());
         }
+        result
     }};
 }
 
@@ -243,7 +253,15 @@ impl Store {
         Ok(Self {
             backend,
             op_timeout: settings.op_timeout,
+            metrics: None,
         })
+    }
+
+    /// Records every operation's duration in `metrics`
+    /// (`hookgate_store_operation_duration_seconds`).
+    pub fn timed_by(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The partition maintenance's health, on the postgres backend.
@@ -271,7 +289,7 @@ impl Backend for Store {
         fingerprint: &str,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        dispatch!(self, s => s.claim(key, fingerprint, lease))
+        dispatch!(self, "claim", s => s.claim(key, fingerprint, lease))
     }
 
     async fn complete(
@@ -281,22 +299,22 @@ impl Backend for Store {
         snapshot: &Snapshot,
         retention: Duration,
     ) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.complete(key, token, snapshot, retention))
+        dispatch!(self, "complete", s => s.complete(key, token, snapshot, retention))
     }
 
     async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.release(key, token))
+        dispatch!(self, "release", s => s.release(key, token))
     }
 
     async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
-        dispatch!(self, s => s.get(key))
+        dispatch!(self, "get", s => s.get(key))
     }
 
     async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.forget(key))
+        dispatch!(self, "forget", s => s.forget(key))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        dispatch!(self, s => s.ping())
+        dispatch!(self, "ping", s => s.ping())
     }
 }

@@ -23,22 +23,98 @@ pub fn init() {
         .try_init();
 }
 
+/// Whether the signature was checked, and how that went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verification {
+    Ok,
+    Invalid,
+    Stale,
+    /// Not reached (rate limited, body too large, ...).
+    Skipped,
+}
+
+/// What the dedupe store said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dedupe {
+    Fresh,
+    Duplicate,
+    InFlight,
+    Mismatch,
+    /// No claim: not reached, or no key and `on_missing_key = "forward"`.
+    None,
+}
+
+/// How the delivery ended: the `outcome` label and log field.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The app answered 2xx.
+    Forwarded,
+    /// Answered from the store.
+    Duplicate,
+    /// The app answered, not 2xx; its answer was passed back.
+    UpstreamError,
+    /// The gate answered with the error of this code (SPEC section 2).
+    Failed(&'static str),
+}
+
+impl Verification {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Invalid => "invalid",
+            Self::Stale => "stale",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+impl Dedupe {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fresh => "fresh",
+            Self::Duplicate => "duplicate",
+            Self::InFlight => "in_flight",
+            Self::Mismatch => "mismatch",
+            Self::None => "none",
+        }
+    }
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Forwarded => "forwarded",
+            Self::Duplicate => "duplicate",
+            Self::UpstreamError => "upstream_error",
+            Self::Failed(code) => code,
+        }
+    }
+}
+
+/// A known key that arrived with a different payload: both fingerprints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mismatch {
+    pub key: String,
+    pub stored: String,
+    pub incoming: String,
+}
+
 /// Everything the delivery log says about one delivery. Holds no body and
-/// no secret: only names, the key, outcomes and numbers.
+/// no secret: only names, the key, outcomes and numbers. The pipeline's
+/// runner fills it from the stages' results; nothing else writes it.
 #[derive(Debug)]
 pub struct DeliveryRecord {
     started: Instant,
     pub provider: String,
     pub key: Option<String>,
-    /// `ok`, `invalid`, `stale` or `skipped`.
-    pub verification: &'static str,
-    /// `fresh`, `duplicate`, `in_flight`, `mismatch` or `none`.
-    pub dedupe: &'static str,
-    /// A code of SPEC section 2, `forwarded`, `duplicate` or `upstream_error`.
-    pub outcome: &'static str,
+    pub verification: Verification,
+    pub dedupe: Dedupe,
+    pub outcome: Outcome,
     pub upstream_status: Option<u16>,
     pub secret_index: Option<usize>,
     pub traceparent: Option<String>,
+    /// A payload mismatch seen on the way (reject or alert): an anomaly.
+    pub mismatch: Option<Mismatch>,
     /// What went wrong, for operators: never shown to the sender.
     pub detail: Option<String>,
 }
@@ -49,46 +125,72 @@ impl DeliveryRecord {
             started: Instant::now(),
             provider: provider.to_owned(),
             key: None,
-            verification: "skipped",
-            dedupe: "none",
-            outcome: "forwarded",
+            verification: Verification::Skipped,
+            dedupe: Dedupe::None,
+            outcome: Outcome::Forwarded,
             upstream_status: None,
             secret_index: None,
             traceparent,
+            mismatch: None,
             detail: None,
         }
     }
 
     /// Records a failure that ends the delivery.
     pub fn fail(&mut self, error: &GateError) {
-        self.outcome = error.code();
+        self.outcome = Outcome::Failed(error.code());
         self.detail = Some(error.to_string());
         match error {
-            GateError::InvalidSignature { .. } => self.verification = "invalid",
-            GateError::StaleTimestamp { .. } => self.verification = "stale",
-            GateError::InFlight { .. } => self.dedupe = "in_flight",
-            GateError::PayloadMismatch { .. } => self.dedupe = "mismatch",
+            GateError::InvalidSignature { .. } => self.verification = Verification::Invalid,
+            GateError::StaleTimestamp { .. } => self.verification = Verification::Stale,
+            GateError::InFlight { .. } => self.dedupe = Dedupe::InFlight,
+            GateError::PayloadMismatch {
+                key,
+                stored,
+                incoming,
+            } => {
+                self.dedupe = Dedupe::Mismatch;
+                self.mismatch = Some(Mismatch {
+                    key: key.clone(),
+                    stored: stored.clone(),
+                    incoming: incoming.clone(),
+                });
+            }
             _ => {}
         }
     }
 
-    /// Writes the delivery's log line and counts it.
+    /// Writes the delivery's log line (and a warning for an anomaly) and
+    /// counts it.
     pub fn emit(self, metrics: &Metrics) {
         let elapsed = self.started.elapsed();
-        metrics.delivery(&self.provider, self.outcome, elapsed);
+        let outcome = self.outcome.as_str();
+        metrics.delivery(&self.provider, outcome, elapsed);
         if let Some(index) = self.secret_index {
             metrics.secret_match(&self.provider, index);
         }
+        if let Some(m) = &self.mismatch {
+            metrics.anomaly(&self.provider, "payload_mismatch");
+            tracing::warn!(
+                provider = self.provider.as_str(),
+                key = m.key.as_str(),
+                stored_fingerprint = m.stored.as_str(),
+                incoming_fingerprint = m.incoming.as_str(),
+                "payload mismatch: a known event id arrived with a different payload"
+            );
+        }
         let duration_ms = elapsed.as_secs_f64() * 1000.0;
         let duration_ms = (duration_ms * 1000.0).round() / 1000.0;
-        if self.outcome == "forwarded" || self.outcome == "duplicate" {
+        // tracing needs a constant level at each call site, so the two
+        // field lists stay written out.
+        if matches!(self.outcome, Outcome::Forwarded | Outcome::Duplicate) {
             tracing::info!(
                 target: "hookgate::delivery",
                 provider = self.provider.as_str(),
                 key = self.key.as_deref(),
-                verification = self.verification,
-                dedupe = self.dedupe,
-                outcome = self.outcome,
+                verification = self.verification.as_str(),
+                dedupe = self.dedupe.as_str(),
+                outcome,
                 upstream_status = self.upstream_status,
                 secret = self.secret_index,
                 duration_ms,
@@ -100,9 +202,9 @@ impl DeliveryRecord {
                 target: "hookgate::delivery",
                 provider = self.provider.as_str(),
                 key = self.key.as_deref(),
-                verification = self.verification,
-                dedupe = self.dedupe,
-                outcome = self.outcome,
+                verification = self.verification.as_str(),
+                dedupe = self.dedupe.as_str(),
+                outcome,
                 upstream_status = self.upstream_status,
                 secret = self.secret_index,
                 duration_ms,
