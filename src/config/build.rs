@@ -220,12 +220,9 @@ fn providers(
             .map_or(tolerance, |t| duration(i, &at("future_tolerance"), t));
 
         let key = key_source(i, &at("key"), p, &scheme);
-        // Slack's url_verification, slash commands and interactivity carry
-        // no event id (and are not retried): they pass without dedupe.
-        let on_missing_key = p.on_missing_key.unwrap_or(match scheme {
-            Scheme::Slack => OnMissingKey::Forward,
-            _ => OnMissingKey::Reject,
-        });
+        let on_missing_key = p
+            .on_missing_key
+            .unwrap_or(scheme.descriptor().on_missing_key);
         if key.is_none() && on_missing_key == OnMissingKey::Reject {
             i.push(
                 at("key"),
@@ -376,15 +373,16 @@ fn key_source(i: &mut Issues, at: &str, p: &ProviderFile, scheme: &Scheme) -> Op
         Some(KeyFile::One(one)) => vec![one.clone()],
         Some(KeyFile::Parts(parts)) => parts.clone(),
         None => {
-            let default = scheme.default_key()?;
-            let source = KeySource::parse(&[default.to_owned()]).expect("default keys parse");
-            return Some(match scheme {
-                Scheme::Github => source.scoped_by(HeaderName::from_static("x-github-hook-id")),
-                Scheme::Standard => source.or_header(HeaderName::from_static("svix-id")),
-                // Newer "Events" deliveries drop the `X-`.
-                Scheme::Shopify => source.or_header(HeaderName::from_static("shopify-webhook-id")),
-                _ => source,
-            });
+            let default = scheme.descriptor().key.as_ref()?;
+            let mut source =
+                KeySource::parse(&[default.source.to_owned()]).expect("default keys parse");
+            for alias in default.aliases {
+                source = source.or_header(HeaderName::from_static(alias));
+            }
+            if let Some(scope) = default.scope {
+                source = source.scoped_by(HeaderName::from_static(scope));
+            }
+            return Some(source);
         }
     };
     KeySource::parse(&specs).map_err(|e| i.push(at, e)).ok()

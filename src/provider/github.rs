@@ -3,8 +3,25 @@
 //! guard against replays.
 
 use super::crypto::{self, Tag};
+use super::descriptor::{DefaultKey, Descriptor};
 use super::{Algorithm, Delivery, SignedHeaders, Verified, VerifyError};
 use crate::secret::ActiveSecret;
+use crate::settings::OnMissingKey;
+use std::time::Duration;
+
+/// GitHub: the delivery GUID, scoped by the hook (one GUID can reach many
+/// hooks); manual redelivery within 3 days.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: "github",
+    signature_headers: &["x-hub-signature-256", "x-hub-signature"],
+    key: Some(DefaultKey {
+        source: "header:X-GitHub-Delivery",
+        aliases: &[],
+        scope: Some("x-github-hook-id"),
+    }),
+    retry_window: Some(Duration::from_secs(3 * 24 * 3600)),
+    on_missing_key: OnMissingKey::Reject,
+};
 
 const HEADER: &str = "X-Hub-Signature-256";
 const PREFIX: &str = "sha256=";

@@ -5,8 +5,10 @@ use http::HeaderName;
 use serde::Deserialize;
 
 use super::crypto::{self, Tag};
+use super::descriptor::Descriptor;
 use super::{Delivery, SignedHeaders, Verified, VerifyError};
 use crate::secret::ActiveSecret;
+use crate::settings::OnMissingKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -106,6 +108,16 @@ impl Encoding {
 
 /// Header names come from the config and `MissingHeader` holds a `&'static
 /// str`, so errors name the header's role instead.
+/// Any HMAC signer: its headers are parameters (see
+/// [`HmacScheme::signature_headers`]), and it has no default key.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: "hmac",
+    signature_headers: &[],
+    key: None,
+    retry_window: None,
+    on_missing_key: OnMissingKey::Reject,
+};
+
 const SIGNATURE: &str = "signature header";
 const TIMESTAMP: &str = "timestamp header";
 
@@ -121,6 +133,13 @@ pub struct HmacScheme {
 }
 
 impl HmacScheme {
+    /// The configured signature header, and the timestamp header if any.
+    pub fn signature_headers(&self) -> Vec<HeaderName> {
+        let mut names = vec![self.header.clone()];
+        names.extend(self.timestamp_header.clone());
+        names
+    }
+
     /// Verifies against every active secret. The timestamp, when a header is
     /// configured, is returned unchecked: the window phase judges it.
     pub fn verify(

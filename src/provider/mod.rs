@@ -5,6 +5,7 @@
 //! signs a timestamp returns it; the window phase decides whether it is stale.
 
 mod crypto;
+mod descriptor;
 mod github;
 mod hmac;
 mod sendgrid;
@@ -20,6 +21,7 @@ use http::{HeaderMap, HeaderName, Uri};
 
 use crate::secret::ActiveSecret;
 
+pub use self::descriptor::{DefaultKey, Descriptor};
 pub use self::hmac::{Algorithm, Encoding, HmacScheme, Template};
 pub use self::sendgrid::sign_with_private_key as sendgrid_sign;
 pub use self::twilio::TwilioScheme;
@@ -71,79 +73,47 @@ pub enum Scheme {
 pub type SignedHeaders = Vec<(String, String)>;
 
 impl Scheme {
-    pub fn name(&self) -> &'static str {
+    /// The scheme's fixed facts, from its own file.
+    pub fn descriptor(&self) -> &'static Descriptor {
         match self {
-            Self::Stripe => "stripe",
-            Self::Github => "github",
-            Self::Slack => "slack",
-            Self::Twilio(_) => "twilio",
-            Self::Sendgrid => "sendgrid",
-            Self::Shopify => "shopify",
-            Self::Standard => "standard",
-            Self::Hmac(_) => "hmac",
+            Self::Stripe => &stripe::DESCRIPTOR,
+            Self::Github => &github::DESCRIPTOR,
+            Self::Slack => &slack::DESCRIPTOR,
+            Self::Twilio(_) => &twilio::DESCRIPTOR,
+            Self::Sendgrid => &sendgrid::DESCRIPTOR,
+            Self::Shopify => &shopify::DESCRIPTOR,
+            Self::Standard => &standard::DESCRIPTOR,
+            Self::Hmac(_) => &hmac::DESCRIPTOR,
         }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.descriptor().name
     }
 
     /// The headers that carry the signature (and the signed timestamp).
     /// They are removed when the gate forwards a body other than the signed
     /// one (a partial batch), since they no longer match it.
     pub fn signature_headers(&self) -> Vec<HeaderName> {
-        let names: &[&'static str] = match self {
-            Self::Stripe => &["stripe-signature"],
-            Self::Github => &["x-hub-signature-256", "x-hub-signature"],
-            Self::Slack => &["x-slack-signature", "x-slack-request-timestamp"],
-            Self::Twilio(_) => &["x-twilio-signature"],
-            Self::Sendgrid => &[
-                "x-twilio-email-event-webhook-signature",
-                "x-twilio-email-event-webhook-timestamp",
-            ],
-            Self::Shopify => &["x-shopify-hmac-sha256", "shopify-hmac-sha256"],
-            Self::Standard => &[
-                "webhook-signature",
-                "webhook-timestamp",
-                "svix-signature",
-                "svix-timestamp",
-            ],
-            Self::Hmac(params) => {
-                let mut names = vec![params.header.clone()];
-                names.extend(params.timestamp_header.clone());
-                return names;
-            }
-        };
-        names.iter().map(|n| HeaderName::from_static(n)).collect()
+        match self {
+            Self::Hmac(params) => params.signature_headers(),
+            _ => self
+                .descriptor()
+                .signature_headers
+                .iter()
+                .map(|n| HeaderName::from_static(n))
+                .collect(),
+        }
     }
 
     /// The scheme's default idempotency key source (SPEC section 3).
     pub fn default_key(&self) -> Option<&'static str> {
-        match self {
-            Self::Stripe => Some("json:/id"),
-            Self::Github => Some("header:X-GitHub-Delivery"),
-            Self::Slack => Some("json:/event_id"),
-            Self::Twilio(_) => Some("header:I-Twilio-Idempotency-Token"),
-            // A batch key: every event of the array is keyed on its own.
-            Self::Sendgrid => Some("json:/*/sg_event_id"),
-            Self::Shopify => Some("header:X-Shopify-Webhook-Id"),
-            Self::Standard => Some("header:webhook-id"),
-            Self::Hmac(_) => None,
-        }
+        self.descriptor().key.as_ref().map(|k| k.source)
     }
 
     /// How long the sender keeps retrying, for `hookgate check`'s warning.
     pub fn retry_window(&self) -> Option<std::time::Duration> {
-        const HOUR: u64 = 3600;
-        match self {
-            Self::Stripe | Self::Github => Some(std::time::Duration::from_secs(3 * 24 * HOUR)),
-            // Retries at once, +1 min and +5 min; an hour covers them.
-            Self::Slack => Some(std::time::Duration::from_secs(HOUR)),
-            // One retry by default and no documented window; an hour is a
-            // generous bound for it, so `check` still flags a retention
-            // shorter than that.
-            Self::Twilio(_) => Some(std::time::Duration::from_secs(HOUR)),
-            Self::Sendgrid => Some(std::time::Duration::from_secs(24 * HOUR)),
-            Self::Shopify => Some(std::time::Duration::from_secs(4 * HOUR)),
-            Self::Standard => Some(std::time::Duration::from_secs(28 * HOUR)),
-            Self::Hmac(_) => None,
-        }
+        self.descriptor().retry_window
     }
 
     /// Verifies the delivery against every active secret; any match passes.

@@ -14,8 +14,24 @@ use p256::ecdsa::{Signature, SigningKey, VerifyingKey};
 use p256::pkcs8::{DecodePrivateKey, DecodePublicKey};
 
 use super::crypto;
+use super::descriptor::{DefaultKey, Descriptor};
 use super::{Delivery, SignedHeaders, Verified, VerifyError};
 use crate::secret::ActiveSecret;
+use crate::settings::OnMissingKey;
+use std::time::Duration;
+
+/// SendGrid: a batch key, every event of the array keyed on its own;
+/// retries for up to 24 hours.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: "sendgrid",
+    signature_headers: &[
+        "x-twilio-email-event-webhook-signature",
+        "x-twilio-email-event-webhook-timestamp",
+    ],
+    key: Some(DefaultKey::plain("json:/*/sg_event_id")),
+    retry_window: Some(Duration::from_secs(24 * 3600)),
+    on_missing_key: OnMissingKey::Reject,
+};
 
 const SIGNATURE: &str = "X-Twilio-Email-Event-Webhook-Signature";
 const TIMESTAMP: &str = "X-Twilio-Email-Event-Webhook-Timestamp";

@@ -4,8 +4,25 @@
 //! signed, so there is no timestamp to check: the dedupe store is the guard.
 
 use super::crypto::{self, Tag};
+use super::descriptor::{DefaultKey, Descriptor};
 use super::{Algorithm, Delivery, SignedHeaders, Verified, VerifyError};
 use crate::secret::ActiveSecret;
+use crate::settings::OnMissingKey;
+use std::time::Duration;
+
+/// Shopify: the webhook id (newer "Events" deliveries drop the `X-`); 8
+/// retries over 4 hours.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: "shopify",
+    signature_headers: &["x-shopify-hmac-sha256", "shopify-hmac-sha256"],
+    key: Some(DefaultKey {
+        source: "header:X-Shopify-Webhook-Id",
+        aliases: &["shopify-webhook-id"],
+        scope: None,
+    }),
+    retry_window: Some(Duration::from_secs(4 * 3600)),
+    on_missing_key: OnMissingKey::Reject,
+};
 
 const HEADER: &str = "X-Shopify-Hmac-Sha256";
 /// The name on newer "Events" deliveries.

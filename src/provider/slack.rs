@@ -3,8 +3,22 @@
 //! the app's signing secret.
 
 use super::crypto::{self, Tag};
+use super::descriptor::{DefaultKey, Descriptor, HOUR};
 use super::{Algorithm, Delivery, SignedHeaders, Verified, VerifyError};
 use crate::secret::ActiveSecret;
+use crate::settings::OnMissingKey;
+
+/// Slack: Events API deliveries carry `event_id`; url_verification, slash
+/// commands and interactivity carry none (and are not retried), so they
+/// pass without dedupe. Retries at once, +1 min and +5 min: an hour covers
+/// them.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: "slack",
+    signature_headers: &["x-slack-signature", "x-slack-request-timestamp"],
+    key: Some(DefaultKey::plain("json:/event_id")),
+    retry_window: Some(HOUR),
+    on_missing_key: OnMissingKey::Forward,
+};
 
 const SIGNATURE: &str = "X-Slack-Signature";
 const TIMESTAMP: &str = "X-Slack-Request-Timestamp";

@@ -8,8 +8,11 @@ use std::borrow::Cow;
 use http::HeaderMap;
 
 use super::crypto::{self, Tag};
+use super::descriptor::{DefaultKey, Descriptor};
 use super::{Algorithm, Delivery, SignedHeaders, Verified, VerifyError};
 use crate::secret::ActiveSecret;
+use crate::settings::OnMissingKey;
+use std::time::Duration;
 
 /// The names of one family of headers.
 struct Names {
@@ -17,6 +20,25 @@ struct Names {
     timestamp: &'static str,
     signature: &'static str,
 }
+
+/// Standard Webhooks: `webhook-id` (`svix-id` on Svix deliveries); Svix
+/// retries 8 times over about 27.6 hours.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: "standard",
+    signature_headers: &[
+        "webhook-signature",
+        "webhook-timestamp",
+        "svix-signature",
+        "svix-timestamp",
+    ],
+    key: Some(DefaultKey {
+        source: "header:webhook-id",
+        aliases: &["svix-id"],
+        scope: None,
+    }),
+    retry_window: Some(Duration::from_secs(28 * 3600)),
+    on_missing_key: OnMissingKey::Reject,
+};
 
 const WEBHOOK: Names = Names {
     id: "webhook-id",

@@ -2,8 +2,20 @@
 //! HMAC-SHA256 over `{t}.{body}` keyed by the whole `whsec_...` string.
 
 use super::crypto::{self, Tag};
+use super::descriptor::{DefaultKey, Descriptor};
 use super::{Algorithm, Delivery, SignedHeaders, Verified, VerifyError};
 use crate::secret::ActiveSecret;
+use crate::settings::OnMissingKey;
+use std::time::Duration;
+
+/// Stripe: the event id is the body's `id`; live mode retries for 3 days.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: "stripe",
+    signature_headers: &["stripe-signature"],
+    key: Some(DefaultKey::plain("json:/id")),
+    retry_window: Some(Duration::from_secs(3 * 24 * 3600)),
+    on_missing_key: OnMissingKey::Reject,
+};
 
 const HEADER: &str = "Stripe-Signature";
 

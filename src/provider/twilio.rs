@@ -12,8 +12,20 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::crypto::{self, Tag};
+use super::descriptor::{DefaultKey, Descriptor, HOUR};
 use super::{Algorithm, Delivery, SignedHeaders, Verified, VerifyError};
 use crate::secret::ActiveSecret;
+use crate::settings::OnMissingKey;
+
+/// Twilio: one retry by default and no documented window; an hour is a
+/// generous bound, so `check` still flags a retention shorter than that.
+pub const DESCRIPTOR: Descriptor = Descriptor {
+    name: "twilio",
+    signature_headers: &["x-twilio-signature"],
+    key: Some(DefaultKey::plain("header:I-Twilio-Idempotency-Token")),
+    retry_window: Some(HOUR),
+    on_missing_key: OnMissingKey::Reject,
+};
 
 const HEADER: &str = "X-Twilio-Signature";
 /// The query parameter that carries the SHA-256 of a JSON body.
