@@ -55,12 +55,18 @@ pub async fn claim(
     identities: &[Identity],
 ) -> Result<Claimed, GateError> {
     let (firsts, slot) = distinct(identities);
-    let answers = join_all(
-        firsts
-            .iter()
-            .map(|id| cx.store.claim(&id.key, &id.fingerprint, cx.lease)),
-    )
-    .await;
+    let store = cx.store;
+    let answers = match firsts.as_slice() {
+        // The common case, without join_all's allocations.
+        [one] => vec![store.claim(&one.key, &one.fingerprint, cx.lease).await],
+        many => {
+            join_all(
+                many.iter()
+                    .map(|id| store.claim(&id.key, &id.fingerprint, cx.lease)),
+            )
+            .await
+        }
+    };
     let sorted = sort(settings, &firsts, answers);
     if let Some(error) = sorted.failure {
         held::release(cx.store, &sorted.held).await;
@@ -103,6 +109,9 @@ pub async fn claim(
 /// Each distinct key's first identity, in body order, and for each
 /// identity the index of its key among those.
 fn distinct(identities: &[Identity]) -> (Vec<&Identity>, Vec<usize>) {
+    if let [one] = identities {
+        return (vec![one], vec![0]);
+    }
     let mut seen: HashMap<&str, usize> = HashMap::with_capacity(identities.len());
     let mut firsts = Vec::new();
     let slot = identities
