@@ -45,7 +45,7 @@ impl CheckpointThread {
         // `poll_while_busy`), and gives up after a second.
         conn.busy_handler(Some(super::poll_while_busy(Duration::from_secs(1))))
             .map_err(StoreError::from)?;
-        let thread = OwnedThread::spawn(name, move |stop| {
+        let thread = OwnedThread::spawn(name, 1, move |stop| {
             let mut failing = false;
             while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(interval) {
                 match checkpoint(&conn, restart_frames) {

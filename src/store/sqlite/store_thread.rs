@@ -13,13 +13,13 @@
 //! then serve the batch; a job alone still runs in its own transaction.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use super::owned_thread::OwnedThread;
+use super::owned_thread::{OwnedThread, Queue};
 use crate::store::StoreError;
 
 /// Answers a job's caller, given whether its transaction committed.
@@ -39,6 +39,11 @@ type Job = Box<dyn FnOnce(&mut Connection) -> Option<Ran> + Send>;
 /// holds the answers of a long queue.
 const MAX_BATCH: usize = 64;
 
+/// Jobs waiting for the thread at most (16 batches). Past it, a burst waits
+/// to be queued (an async wait, bounded by the store's operation timeout)
+/// instead of growing memory without limit.
+const QUEUE_CAPACITY: usize = 1024;
+
 /// Work the thread does on its own, between jobs (the purge of expired
 /// rows): one `round` every `every`, and the next round right after the
 /// next job while a round reports more left to do. Rounds and jobs
@@ -56,7 +61,8 @@ pub(super) struct StoreThread {
 
 impl StoreThread {
     pub(super) fn spawn(name: &str, conn: Connection, chore: Chore) -> Result<Self, StoreError> {
-        let thread = OwnedThread::spawn(name, move |jobs| serve(conn, &jobs, &chore))
+        let serving = move |jobs: Queue<Job>| serve(conn, &jobs, &chore);
+        let thread = OwnedThread::spawn(name, QUEUE_CAPACITY, serving)
             .map_err(|e| StoreError::Unavailable(format!("sqlite: cannot start a thread: {e}")))?;
         Ok(Self { thread })
     }
@@ -65,7 +71,8 @@ impl StoreThread {
     /// answer, once what `f` wrote is committed. `f` may run inside a
     /// transaction the thread opened (see `is_autocommit`). A panic inside
     /// `f` answers an error and leaves the thread serving: its savepoint, or
-    /// rusqlite's `Transaction` drop, rolls back what it wrote.
+    /// rusqlite's `Transaction` drop, rolls back what it wrote. While
+    /// `QUEUE_CAPACITY` jobs wait, the caller waits for a place first.
     pub(super) async fn run<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
@@ -97,7 +104,7 @@ impl StoreThread {
                 }),
             })
         });
-        self.thread.send(job).map_err(|_| stopped())?;
+        self.thread.send(job).await.map_err(|_| stopped())?;
         answered.await.map_err(|_| stopped())?
     }
 }
@@ -108,7 +115,7 @@ fn stopped() -> StoreError {
 
 /// The thread's loop: jobs in arrival order, the chore when due, until the
 /// channel closes (the store was dropped) and the queue is empty.
-fn serve(mut conn: Connection, jobs: &Receiver<Job>, chore: &Chore) {
+fn serve(mut conn: Connection, jobs: &Queue<Job>, chore: &Chore) {
     let mut due = Instant::now() + chore.every;
     loop {
         let now = Instant::now();
