@@ -113,31 +113,47 @@ impl Gate {
 
 /// Re-reads file secrets and prunes idle rate-limit buckets until the gate
 /// is dropped.
-fn spawn_housekeeping(gate: Weak<Gate>) {
+fn spawn_housekeeping(weak: Weak<Gate>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(RELOAD_INTERVAL);
+        // A reload that took longer than the interval is not repeated at once.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let Some(gate) = gate.upgrade() else { return };
-            if let Some(limit) = &gate.source_limit {
-                limit.prune();
+            {
+                let Some(gate) = weak.upgrade() else { return };
+                if let Some(limit) = &gate.source_limit {
+                    limit.prune();
+                }
+                if let Some(health) = gate.store.partition_health() {
+                    gate.metrics.partition_health(&health);
+                }
             }
-            if let Some(health) = gate.store.partition_health() {
-                gate.metrics.partition_health(&health);
-            }
-            if let Some(cert) = &gate.tls {
-                match cert.reload_if_changed() {
-                    Ok(true) => tracing::info!("TLS certificate files changed; reloaded"),
-                    Ok(false) => {}
-                    Err(e) => {
-                        tracing::error!(error = %e, "TLS certificate not reloaded; the old one keeps serving")
+            // Reloading stats and reads files: blocking calls, long on a slow
+            // or stalled mount. They run on the blocking pool, one reload at a
+            // time, so that no runtime worker (and no delivery) waits on them.
+            let files = Weak::clone(&weak);
+            let reload = tokio::task::spawn_blocking(move || {
+                let Some(gate) = files.upgrade() else { return };
+                if let Some(cert) = &gate.tls {
+                    match cert.reload_if_changed() {
+                        Ok(true) => tracing::info!("TLS certificate files changed; reloaded"),
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::error!(error = %e, "TLS certificate not reloaded; the old one keeps serving")
+                        }
                     }
                 }
-            }
-            for p in &gate.providers {
-                if p.secrets.reload_files() > 0 {
-                    tracing::info!(provider = %p.settings.name, "secret files changed; reloaded");
+                for p in &gate.providers {
+                    if p.secrets.reload_files() > 0 {
+                        tracing::info!(provider = %p.settings.name, "secret files changed; reloaded");
+                    }
                 }
+            });
+            if let Err(e) = reload.await
+                && e.is_panic()
+            {
+                tracing::error!("reloading secret and certificate files panicked");
             }
         }
     });

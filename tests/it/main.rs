@@ -8,6 +8,7 @@ mod cli;
 mod dedupe;
 mod forwarding;
 mod fuzz_corpus;
+mod housekeeping;
 mod malformed;
 mod operate;
 mod otlp;
