@@ -212,12 +212,12 @@ fn providers(
             .tolerance
             .as_deref()
             .map_or(Duration::from_secs(300), |t| {
-                duration(i, &at("tolerance"), t)
+                replay_window(i, &at("tolerance"), t)
             });
         let future_tolerance = p
             .future_tolerance
             .as_deref()
-            .map_or(tolerance, |t| duration(i, &at("future_tolerance"), t));
+            .map_or(tolerance, |t| replay_window(i, &at("future_tolerance"), t));
 
         let key = key_source(i, &at("key"), p, &scheme);
         let on_missing_key = p
@@ -442,6 +442,29 @@ fn secret(i: &mut Issues, at: &str, entry: &SecretFile) -> Option<SecretSpec> {
         },
     };
     Some(SecretSpec { source, not_after })
+}
+
+/// The longest replay window (`tolerance`, `future_tolerance`) accepted.
+/// The window covers clock skew and delivery delay (Stripe and Svix sign
+/// each retry anew); past a week it outlasts every known provider's whole
+/// retry window (3 days at the longest, `provider::Descriptor`). Bounded,
+/// it also keeps the window check's seconds far inside an `i64`.
+const MAX_TOLERANCE: Duration = Duration::from_secs(7 * 86400);
+
+/// A replay window: a duration of at most `MAX_TOLERANCE`.
+fn replay_window(i: &mut Issues, at: &str, text: &str) -> Duration {
+    let window = duration(i, at, text);
+    if window > MAX_TOLERANCE {
+        i.push(
+            at,
+            format!(
+                "`{text}` is longer than 7d: a replay window longer than a provider's retry \
+                 window makes no sense (the longest known is Stripe's, 3 days)"
+            ),
+        );
+        return MAX_TOLERANCE;
+    }
+    window
 }
 
 pub(super) fn duration(i: &mut Issues, at: &str, text: &str) -> Duration {

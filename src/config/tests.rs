@@ -206,3 +206,28 @@ secrets = [{ source = "env:B", not_after = "next week" }]
 fn errors_text(errs: &[String]) -> String {
     errs.join("\n")
 }
+
+/// A replay window longer than a provider's retry window makes no sense,
+/// and a huge one would wrap the window check's arithmetic (seconds as
+/// `i64`): past 7 days, `tolerance` and `future_tolerance` are refused.
+#[test]
+fn a_replay_window_past_seven_days_is_refused() {
+    let errs = errors(&format!(
+        "{STRIPE}tolerance = \"7days 1s\"\nfuture_tolerance = \"300000000000y\"\n"
+    ));
+    let joined = errors_text(&errs);
+    assert!(joined.contains("providers.stripe.tolerance: "), "{joined}");
+    assert!(
+        joined.contains("providers.stripe.future_tolerance: "),
+        "{joined}"
+    );
+    assert!(joined.contains("retry window"), "says why: {joined}");
+
+    let week = Duration::from_secs(7 * 86400);
+    let s = load(&figment_from_str(&format!(
+        "{STRIPE}tolerance = \"7d\"\nfuture_tolerance = \"1week\"\n"
+    )))
+    .unwrap();
+    assert_eq!(s.providers[0].tolerance, week);
+    assert_eq!(s.providers[0].future_tolerance, week);
+}
