@@ -117,7 +117,33 @@ pub(super) mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::provider::{Delivery, Verified};
     use crate::secret::SecretValue;
+
+    /// Runs a scheme's `verify` on a delivery to `uri` with these headers
+    /// and body, against active secrets of these values.
+    pub(in crate::provider) fn run(
+        verify: impl Fn(&Delivery<'_>, &[ActiveSecret]) -> Result<Verified, VerifyError>,
+        uri: &str,
+        pairs: &[(&str, &[u8])],
+        body: &[u8],
+        keys: &[&[u8]],
+    ) -> Result<Verified, VerifyError> {
+        let mut headers = http::HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                http::HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        let uri: http::Uri = uri.parse().unwrap();
+        let delivery = Delivery {
+            headers: &headers,
+            body,
+            uri: &uri,
+        };
+        verify(&delivery, &secrets(keys))
+    }
 
     /// Active secrets with consecutive indexes starting at 0.
     pub(in crate::provider) fn secrets(values: &[&[u8]]) -> Vec<ActiveSecret> {

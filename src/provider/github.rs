@@ -62,26 +62,16 @@ pub fn sign(secret: &[u8], body: &[u8], id: &str) -> SignedHeaders {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderValue, Uri};
 
     use super::*;
-    use crate::provider::crypto::tests::secrets;
+    use crate::provider::crypto::tests::run;
 
     const OFFICIAL: &str =
         "sha256=4864d2759938a15468b5df9ade20bf161da9b4f737ea61794142f3484236bda3";
 
     fn check(header: Option<&[u8]>, body: &[u8], keys: &[&[u8]]) -> Result<Verified, VerifyError> {
-        let mut headers = HeaderMap::new();
-        if let Some(h) = header {
-            headers.insert(HEADER, HeaderValue::from_bytes(h).unwrap());
-        }
-        let uri = Uri::from_static("/webhooks/github");
-        let delivery = Delivery {
-            headers: &headers,
-            body,
-            uri: &uri,
-        };
-        verify(&delivery, &secrets(keys))
+        let pairs: Vec<(&str, &[u8])> = header.map(|h| (HEADER, h)).into_iter().collect();
+        run(verify, "/webhooks/github", &pairs, body, keys)
     }
 
     #[test]

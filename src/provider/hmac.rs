@@ -208,10 +208,9 @@ impl HmacScheme {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderValue, Uri};
 
     use super::*;
-    use crate::provider::crypto::tests::secrets;
+    use crate::provider::crypto::tests::run;
 
     type Pairs<'a> = &'a [(&'a str, &'a [u8])];
 
@@ -257,20 +256,13 @@ mod tests {
         body: &[u8],
         keys: &[&[u8]],
     ) -> Result<Verified, VerifyError> {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        let uri = Uri::from_static("/webhooks/acme");
-        let delivery = Delivery {
-            headers: &headers,
+        run(
+            |d, s| scheme.verify(d, s),
+            "/webhooks/acme",
+            pairs,
             body,
-            uri: &uri,
-        };
-        scheme.verify(&delivery, &secrets(keys))
+            keys,
+        )
     }
 
     #[test]

@@ -142,11 +142,10 @@ fn pem_block<'a>(text: &'a str, label: &str) -> Option<&'a str> {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderName, HeaderValue, Uri};
     use p256::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
 
     use super::*;
-    use crate::provider::crypto::tests::secrets;
+    use crate::provider::crypto::tests::run;
 
     /// sendgrid-python's `test/unit/test_eventwebhook.py`.
     const PUBLIC_KEY: &str = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE83T4O/n84iotIvIW4mdBgQ/7dAfSmpqIM8kF9mN1flpVKS3GRqe62gw+2fNNRaINXvVpiglSI8eNEc6wEA3F+g==";
@@ -175,20 +174,7 @@ mod tests {
         body: &[u8],
         keys: &[&[u8]],
     ) -> Result<Verified, VerifyError> {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        let uri = Uri::from_static("/webhooks/sendgrid");
-        let delivery = Delivery {
-            headers: &headers,
-            body,
-            uri: &uri,
-        };
-        verify(&delivery, &secrets(keys))
+        run(verify, "/webhooks/sendgrid", pairs, body, keys)
     }
 
     fn official<'a>(signature: &'a [u8], ts: &'a [u8]) -> [(&'static str, &'a [u8]); 2] {

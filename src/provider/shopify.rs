@@ -68,10 +68,9 @@ pub fn sign(secret: &[u8], body: &[u8], id: &str) -> SignedHeaders {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
     use super::*;
-    use crate::provider::crypto::tests::secrets;
+    use crate::provider::crypto::tests::run;
 
     /// Shopify/shopify-api-js webhook validation tests.
     const SECRET: &[u8] = b"test_secret_key";
@@ -83,20 +82,7 @@ mod tests {
         body: &[u8],
         keys: &[&[u8]],
     ) -> Result<Verified, VerifyError> {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        let uri = Uri::from_static("/webhooks/shopify");
-        let delivery = Delivery {
-            headers: &headers,
-            body,
-            uri: &uri,
-        };
-        verify(&delivery, &secrets(keys))
+        run(verify, "/webhooks/shopify", pairs, body, keys)
     }
 
     #[test]

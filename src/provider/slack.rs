@@ -72,10 +72,9 @@ pub fn sign(secret: &[u8], body: &[u8], timestamp: i64) -> SignedHeaders {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
     use super::*;
-    use crate::provider::crypto::tests::secrets;
+    use crate::provider::crypto::tests::run;
 
     /// python-slack-sdk's `test_signature_verifier.py`.
     const SECRET: &[u8] = b"8f742231b10e8888abcd99yyyzzz85a5";
@@ -92,20 +91,7 @@ mod tests {
         body: &[u8],
         keys: &[&[u8]],
     ) -> Result<Verified, VerifyError> {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        let uri = Uri::from_static("/webhooks/slack");
-        let delivery = Delivery {
-            headers: &headers,
-            body,
-            uri: &uri,
-        };
-        verify(&delivery, &secrets(keys))
+        run(verify, "/webhooks/slack", pairs, body, keys)
     }
 
     fn official<'a>(signature: &'a [u8], ts: &'a [u8]) -> [(&'static str, &'a [u8]); 2] {

@@ -130,10 +130,9 @@ fn key(secret: &[u8]) -> Option<Cow<'_, [u8]>> {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderName, HeaderValue, Uri};
 
     use super::*;
-    use crate::provider::crypto::tests::secrets;
+    use crate::provider::crypto::tests::run;
 
     const SECRET: &[u8] = b"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     const ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
@@ -146,20 +145,7 @@ mod tests {
         body: &[u8],
         keys: &[&[u8]],
     ) -> Result<Verified, VerifyError> {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        let uri = Uri::from_static("/webhooks/standard");
-        let delivery = Delivery {
-            headers: &headers,
-            body,
-            uri: &uri,
-        };
-        verify(&delivery, &secrets(keys))
+        run(verify, "/webhooks/standard", pairs, body, keys)
     }
 
     fn official(signature: &str) -> Vec<(&'static str, Vec<u8>)> {

@@ -79,11 +79,10 @@ fn parse(text: &str) -> Option<(&str, Vec<Vec<u8>>)> {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderValue, Uri};
     use sha2::{Digest, Sha256};
 
     use super::*;
-    use crate::provider::crypto::tests::secrets;
+    use crate::provider::crypto::tests::run;
 
     /// stripe-dotnet's `event_test_signature.json`, byte for byte.
     const FIXTURE: &str = r#"{
@@ -116,17 +115,8 @@ mod tests {
         v0=63f3a72374a733066c4be69ed7f8e5ac85c22c9f0a6a612ab9a025a9e4ee7eef";
 
     fn check(header: Option<&[u8]>, body: &[u8], keys: &[&[u8]]) -> Result<Verified, VerifyError> {
-        let mut headers = HeaderMap::new();
-        if let Some(h) = header {
-            headers.insert(HEADER, HeaderValue::from_bytes(h).unwrap());
-        }
-        let uri = Uri::from_static("/webhooks/stripe");
-        let delivery = Delivery {
-            headers: &headers,
-            body,
-            uri: &uri,
-        };
-        verify(&delivery, &secrets(keys))
+        let pairs: Vec<(&str, &[u8])> = header.map(|h| (HEADER, h)).into_iter().collect();
+        run(verify, "/webhooks/stripe", &pairs, body, keys)
     }
 
     #[test]

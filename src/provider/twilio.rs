@@ -225,10 +225,9 @@ fn other_port_form(url: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderName, HeaderValue};
 
     use super::*;
-    use crate::provider::crypto::tests::secrets;
+    use crate::provider::crypto::tests::run;
 
     /// twilio-python's `tests/unit/test_request_validator.py`: the token,
     /// the URL Twilio called (`PUBLIC_URL` + `?foo=1&bar=2`), and the
@@ -281,20 +280,13 @@ mod tests {
         body: &[u8],
         keys: &[&[u8]],
     ) -> Result<Verified, VerifyError> {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(value).unwrap(),
-            );
-        }
-        let uri: Uri = uri.parse().unwrap();
-        let delivery = Delivery {
-            headers: &headers,
+        run(
+            |d, s| twilio(public_url).verify(d, s),
+            uri,
+            pairs,
             body,
-            uri: &uri,
-        };
-        twilio(public_url).verify(&delivery, &secrets(keys))
+            keys,
+        )
     }
 
     /// The same for a form delivery with this signature.

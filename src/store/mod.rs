@@ -214,7 +214,7 @@ enum Dispatch {
 /// boxed: one allocation beside a network round trip, and 2 KiB less for
 /// each delivery on every backend (docs/BENCHMARKS.md, Memory).
 macro_rules! dispatch {
-    ($self:ident, $operation:literal, $s:ident => $call:expr) => {{
+    ($self:ident, $operation:expr, $s:ident => $call:expr) => {{
         let started = Instant::now();
         let fut = async {
             match &$self.backend {
@@ -282,39 +282,25 @@ impl Store {
     }
 }
 
-impl Backend for Store {
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &str,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        dispatch!(self, "claim", s => s.claim(key, fingerprint, lease))
-    }
+/// `Store` implements the contract by handing each operation to the
+/// configured backend (`dispatch!`): one line per operation, named once.
+macro_rules! dispatching {
+    ($($op:ident($($arg:ident: $ty:ty),*) -> $ok:ty;)*) => {
+        impl Backend for Store {
+            $(
+                async fn $op(&self, $($arg: $ty),*) -> Result<$ok, StoreError> {
+                    dispatch!(self, stringify!($op), s => s.$op($($arg),*))
+                }
+            )*
+        }
+    };
+}
 
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        token: &LeaseToken,
-        snapshot: &Snapshot,
-        retention: Duration,
-    ) -> Result<bool, StoreError> {
-        dispatch!(self, "complete", s => s.complete(key, token, snapshot, retention))
-    }
-
-    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
-        dispatch!(self, "release", s => s.release(key, token))
-    }
-
-    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
-        dispatch!(self, "get", s => s.get(key))
-    }
-
-    async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
-        dispatch!(self, "forget", s => s.forget(key))
-    }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        dispatch!(self, "ping", s => s.ping())
-    }
+dispatching! {
+    claim(key: &ScopedKey, fingerprint: &str, lease: Duration) -> Claim;
+    complete(key: &ScopedKey, token: &LeaseToken, snapshot: &Snapshot, retention: Duration) -> bool;
+    release(key: &ScopedKey, token: &LeaseToken) -> bool;
+    get(key: &ScopedKey) -> Option<KeyRecord>;
+    forget(key: &ScopedKey) -> bool;
+    ping() -> ();
 }
