@@ -24,6 +24,17 @@ pub enum Side {
     Internal,
 }
 
+impl Side {
+    /// The delivery log's `side` field: who to look at first.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Downstream => "downstream",
+            Self::Upstream => "upstream",
+            Self::Internal => "internal",
+        }
+    }
+}
+
 /// Everything that ends a delivery with a response produced by the gate.
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {

@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 mod json_line;
 use json_line::JsonLine;
 
-use crate::error::GateError;
+use crate::error::{GateError, Side};
 use crate::metrics::Metrics;
 
 /// Installs the JSON log subscriber on stdout; `RUST_LOG` sets the filter.
@@ -117,6 +117,8 @@ pub struct DeliveryRecord {
     pub mismatch: Option<Mismatch>,
     /// What went wrong, for operators: never shown to the sender.
     pub detail: Option<String>,
+    /// Which side a failure came from.
+    pub side: Option<Side>,
 }
 
 impl DeliveryRecord {
@@ -133,6 +135,7 @@ impl DeliveryRecord {
             traceparent,
             mismatch: None,
             detail: None,
+            side: None,
         }
     }
 
@@ -140,6 +143,7 @@ impl DeliveryRecord {
     pub fn fail(&mut self, error: &GateError) {
         self.outcome = Outcome::Failed(error.code());
         self.detail = Some(error.to_string());
+        self.side = Some(error.side());
         match error {
             GateError::InvalidSignature { .. } => self.verification = Verification::Invalid,
             GateError::StaleTimestamp { .. } => self.verification = Verification::Stale,
@@ -210,6 +214,7 @@ impl DeliveryRecord {
                 duration_ms,
                 traceparent = self.traceparent.as_deref(),
                 detail = self.detail.as_deref(),
+                side = self.side.map(Side::as_str),
                 "delivery"
             );
         }
