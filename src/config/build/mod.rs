@@ -1,0 +1,91 @@
+//! Validation: from what the user wrote to the runtime [`Settings`],
+//! reporting every problem at once. One file per section; the value
+//! parsers every section shares are here.
+
+mod provider;
+mod server;
+mod store;
+mod telemetry;
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use http::HeaderName;
+
+use super::file::RateFile;
+use super::{ConfigErrors, ConfigFile, Issues};
+use crate::ratelimit::Rate;
+use crate::settings::Settings;
+use crate::store::BackendSettings;
+
+pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, ConfigErrors> {
+    let i = &mut issues;
+    let server = server::server(i, &file.server);
+    let upstream = server::upstream(i, &file.upstream);
+    let (mut store, dedupe) = store::store(i, &file.store, upstream.timeout);
+    let telemetry = telemetry::telemetry(i, &file.telemetry);
+    let providers = provider::providers(i, &file.providers, &dedupe);
+    if let BackendSettings::Postgres { retention, .. } = &mut store.backend {
+        *retention = providers
+            .iter()
+            .map(|p| p.retention)
+            .fold(dedupe.retention, Duration::max);
+    }
+
+    if issues.0.is_empty() {
+        Ok(Settings {
+            server,
+            upstream,
+            store,
+            dedupe,
+            telemetry,
+            faults: Default::default(),
+            providers,
+        })
+    } else {
+        Err(ConfigErrors(issues.0))
+    }
+}
+
+fn duration(i: &mut Issues, at: &str, text: &str) -> Duration {
+    match humantime::parse_duration(text) {
+        Ok(d) if !d.is_zero() => d,
+        Ok(_) => {
+            i.push(at, "must be greater than zero");
+            Duration::from_secs(1)
+        }
+        Err(_) => {
+            i.push(
+                at,
+                format!("`{text}` is not a duration (write \"300ms\", \"30s\", \"5m\" or \"4d\")"),
+            );
+            Duration::from_secs(1)
+        }
+    }
+}
+
+fn rate(i: &mut Issues, at: &str, r: RateFile) -> Option<Rate> {
+    let per_second = NonZeroU32::new(r.per_second);
+    let burst = NonZeroU32::new(r.burst.unwrap_or(r.per_second));
+    match (per_second, burst) {
+        (Some(per_second), Some(burst)) => Some(Rate { per_second, burst }),
+        _ => {
+            i.push(at, "per_second and burst must be greater than zero");
+            None
+        }
+    }
+}
+
+fn addr(i: &mut Issues, at: &str, text: &str) -> SocketAddr {
+    text.parse().unwrap_or_else(|_| {
+        i.push(at, format!("`{text}` is not an address like 0.0.0.0:8080"));
+        SocketAddr::from(([127, 0, 0, 1], 0))
+    })
+}
+
+fn header(i: &mut Issues, at: &str, name: &str) -> Option<HeaderName> {
+    HeaderName::try_from(name)
+        .map_err(|_| i.push(at, format!("`{name}` is not a valid header name")))
+        .ok()
+}
