@@ -7,13 +7,20 @@
 //! the order of the scheme's header names, then a NUL byte, then the body.
 //! A line that is not a valid header value leaves that header out.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use figment::Figment;
+use figment::providers::Serialized;
+use figment::value::Value;
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 use sha2::{Digest, Sha256};
 
 use crate::key::{KeyPart, KeySource, Payload};
-use crate::provider::{Delivery, Scheme, TwilioScheme, VerifyError};
+use crate::provider::{
+    Algorithm, Delivery, Encoding, HmacScheme, Scheme, Template, TwilioScheme, Verified,
+    VerifyError,
+};
 use crate::secret::{ActiveSecret, SecretValue};
 use crate::settings::FingerprintMode;
 
@@ -27,8 +34,13 @@ pub const TARGETS: &[Target] = &[
     ("standard_signature", standard_signature),
     ("twilio_signature", twilio_signature),
     ("sendgrid_signature", sendgrid_signature),
+    ("github_signature", github_signature),
+    ("slack_signature", slack_signature),
+    ("shopify_signature", shopify_signature),
+    ("hmac_signature", hmac_signature),
     ("key_extraction", key_extraction),
     ("fingerprint", fingerprint),
+    ("config", config),
 ];
 
 /// A P-256 verification key (SendGrid's documentation example).
@@ -81,6 +93,175 @@ pub fn sendgrid_signature(data: &[u8]) {
         data,
         SENDGRID_PUBLIC_KEY.as_bytes(),
     );
+}
+
+/// GitHub: `X-Hub-Signature-256`. The secret is the official vector's, so
+/// that a seed can carry a signature that verifies.
+pub fn github_signature(data: &[u8]) {
+    let secret = b"mysecret";
+    verify(&Scheme::Github, &["x-hub-signature-256"], data, secret);
+    round_trip(&Scheme::Github, secret, body_of(data));
+}
+
+/// Slack: `v0=` hex signature and the signed timestamp.
+pub fn slack_signature(data: &[u8]) {
+    let secret = b"8f742231b10e8888abcd99yyyzzz85a5";
+    let names = ["x-slack-signature", "x-slack-request-timestamp"];
+    verify(&Scheme::Slack, &names, data, secret);
+    round_trip(&Scheme::Slack, secret, body_of(data));
+}
+
+/// Shopify: base64 signature under either header name (the classic one
+/// first).
+pub fn shopify_signature(data: &[u8]) {
+    let secret = b"test_secret_key";
+    let names = ["x-shopify-hmac-sha256", "shopify-hmac-sha256"];
+    verify(&Scheme::Shopify, &names, data, secret);
+    round_trip(&Scheme::Shopify, secret, body_of(data));
+}
+
+/// The generic `hmac` scheme, whose shape comes from the input too: the
+/// first line is `<encoding> <algorithm> <prefix> <signed_payload>`, such as
+/// `hex sha256 sha256= {timestamp}.{body}` (an empty prefix is two spaces);
+/// the rest is the usual layout, with the `x-signature` header and then
+/// `x-timestamp`, which is configured when the template signs
+/// `{timestamp}`, as config validation requires.
+pub fn hmac_signature(data: &[u8]) {
+    let (shape, rest) = split_line(data);
+    let shape = String::from_utf8_lossy(shape);
+    let mut words = shape.splitn(4, ' ');
+    let encoding = match words.next() {
+        Some("hex") => Encoding::Hex,
+        Some("base64") => Encoding::Base64,
+        _ => return,
+    };
+    let algorithm = match words.next() {
+        Some("sha1") => Algorithm::Sha1,
+        Some("sha256") => Algorithm::Sha256,
+        Some("sha512") => Algorithm::Sha512,
+        _ => return,
+    };
+    let (Some(prefix), Some(template)) = (words.next(), words.next()) else {
+        return;
+    };
+    let template = match Template::parse(template) {
+        Ok(template) => template,
+        Err(e) => {
+            assert!(!e.is_empty());
+            return;
+        }
+    };
+    let signs_timestamp = template.uses_timestamp();
+    let scheme = Scheme::Hmac(HmacScheme {
+        header: HeaderName::from_static("x-signature"),
+        prefix: prefix.to_owned(),
+        encoding,
+        algorithm,
+        timestamp_header: signs_timestamp.then(|| HeaderName::from_static("x-timestamp")),
+        template,
+    });
+    let secret = b"acme-secret";
+    if let Some(verified) = verify(&scheme, &["x-signature", "x-timestamp"], rest, secret) {
+        assert_eq!(verified.timestamp.is_some(), signs_timestamp);
+    }
+    // Only a prefix of visible ASCII survives `HeaderValue::to_str`; config
+    // validation does not ask for that, so other prefixes are not checked.
+    if prefix.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+        round_trip(&scheme, secret, body_of(rest));
+    }
+}
+
+/// The config parser: the input is TOML text (invalid UTF-8 replaced), read
+/// and validated by `config::load` as `hookgate check` and startup do.
+///
+/// Invariants: it loads, or reports at least one issue and each with a
+/// message; a config that loads has what the gate needs to route (a path
+/// starting with `/` and at least one secret source per provider, no two
+/// providers on one path, a lease longer than the upstream timeout); and no
+/// issue echoes a secret. For the last, every string under
+/// `providers.*.secrets` (`not_after` aside) and the password of `store.url`
+/// are replaced with a canary and the config loaded again: no issue may
+/// contain the canary.
+pub fn config(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let figment = crate::config::figment_from_str(&text);
+    match crate::config::load(&figment) {
+        Ok(settings) => {
+            let mut paths = std::collections::BTreeSet::new();
+            for p in &settings.providers {
+                assert!(p.path.starts_with('/'), "{}: path {:?}", p.name, p.path);
+                assert!(!p.secrets.is_empty(), "{} has no secret source", p.name);
+                assert!(paths.insert(&p.path), "two providers on {:?}", p.path);
+            }
+            assert!(settings.dedupe.lease > settings.upstream.timeout);
+        }
+        Err(errors) => {
+            assert!(!errors.0.is_empty(), "an error without an issue");
+            for issue in &errors.0 {
+                assert!(!issue.message.is_empty(), "{}: no message", issue.key);
+            }
+        }
+    }
+    let Ok(mut top) = figment.extract::<BTreeMap<String, Value>>() else {
+        return;
+    };
+    // Debug output escapes nothing in the canary, so this finds it in any
+    // key or string the input wrote itself.
+    if format!("{top:?}").contains(CANARY) || !plant_canaries(&mut top) {
+        return;
+    }
+    let planted = Figment::from(Serialized::defaults(top));
+    if let Err(errors) = crate::config::load(&planted) {
+        let text = errors.to_string();
+        assert!(!text.contains(CANARY), "an issue echoes a secret: {text}");
+    }
+}
+
+/// What replaces the secrets in `config`'s second load.
+const CANARY: &str = "hookgate-fuzz-canary";
+
+/// Puts the canary where the config holds secrets; false when it holds none.
+fn plant_canaries(top: &mut BTreeMap<String, Value>) -> bool {
+    let mut planted = false;
+    if let Some(Value::Dict(_, providers)) = top.get_mut("providers") {
+        for provider in providers.values_mut() {
+            if let Value::Dict(_, fields) = provider
+                && let Some(secrets) = fields.get_mut("secrets")
+            {
+                plant(secrets);
+                planted = true;
+            }
+        }
+    }
+    if let Some(Value::Dict(_, store)) = top.get_mut("store")
+        && let Some(Value::String(_, url)) = store.get_mut("url")
+    {
+        // Keep the scheme, which decides how the URL is checked.
+        *url = match url.split_once("://") {
+            Some((scheme, rest)) => {
+                let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+                format!("{scheme}://fuzz:{CANARY}@{host}")
+            }
+            None => CANARY.to_owned(),
+        };
+        planted = true;
+    }
+    planted
+}
+
+fn plant(value: &mut Value) {
+    match value {
+        Value::String(_, text) => *text = CANARY.to_owned(),
+        Value::Array(_, items) => items.iter_mut().for_each(plant),
+        Value::Dict(_, fields) => {
+            for (name, field) in fields.iter_mut() {
+                if name != "not_after" {
+                    plant(field);
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Key extraction: the first line is a `key` setting (sources separated by
@@ -187,7 +368,7 @@ fn assert_key_is_usable(key: &str) {
 /// Builds a delivery from `data` (see the module doc) and verifies it
 /// against `secret`. A verification of fuzzed input must fail cleanly, with
 /// an error that names a header and never a value.
-fn verify(scheme: &Scheme, names: &[&'static str], data: &[u8], secret: &[u8]) {
+fn verify(scheme: &Scheme, names: &[&'static str], data: &[u8], secret: &[u8]) -> Option<Verified> {
     let (head, body) = match data.iter().position(|&b| b == 0) {
         Some(at) => (&data[..at], &data[at + 1..]),
         None => (data, &b""[..]),
@@ -215,13 +396,57 @@ fn verify(scheme: &Scheme, names: &[&'static str], data: &[u8], secret: &[u8]) {
         uri: &uri,
     };
     match scheme.verify(&delivery, &secrets) {
-        Ok(verified) => assert_eq!(verified.secret_index, 0),
+        Ok(verified) => {
+            assert_eq!(verified.secret_index, 0);
+            Some(verified)
+        }
         Err(VerifyError::NoUsableSecret) => panic!("the fuzz secret is usable"),
         Err(e) => {
             let message = e.to_string();
             assert!(!message.contains(&*String::from_utf8_lossy(secret)));
+            None
         }
     }
+}
+
+/// What `hookgate sign` writes for `body` verifies, with the right secret
+/// only: the signer and the verifier agree on the signed bytes.
+fn round_trip(scheme: &Scheme, secret: &[u8], body: &[u8]) {
+    const TIMESTAMP: i64 = 1_700_000_000;
+    let mut headers = HeaderMap::new();
+    for (name, value) in scheme.sign(secret, body, "fuzz-delivery", TIMESTAMP) {
+        let name = HeaderName::from_bytes(name.as_bytes()).expect("a scheme's header name");
+        let value = HeaderValue::from_str(&value).expect("a signed header value");
+        headers.insert(name, value);
+    }
+    let secrets = [b"not-the-secret".as_slice(), secret].map(|value| ActiveSecret {
+        index: usize::from(value == secret),
+        value: Arc::new(SecretValue::new(value)),
+    });
+    let uri = Uri::from_static("/webhooks/fuzz");
+    let delivery = Delivery {
+        headers: &headers,
+        body,
+        uri: &uri,
+    };
+    let verified = scheme.verify(&delivery, &secrets);
+    assert!(
+        matches!(
+            verified,
+            Ok(Verified {
+                secret_index: 1,
+                timestamp: None | Some(TIMESTAMP)
+            })
+        ),
+        "{scheme} does not verify what it signs: {verified:?}"
+    );
+}
+
+/// The body of the signature targets' layout: what follows the first NUL.
+fn body_of(data: &[u8]) -> &[u8] {
+    data.iter()
+        .position(|&b| b == 0)
+        .map_or(&b""[..], |at| &data[at + 1..])
 }
 
 fn split_line(data: &[u8]) -> (&[u8], &[u8]) {

@@ -1,0 +1,4 @@
+//! See `hookgate::fuzzing::github_signature` for the input layout and the invariants.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| hookgate::fuzzing::github_signature(data));
