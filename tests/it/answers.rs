@@ -5,55 +5,29 @@
 
 use std::time::Duration;
 
-use hookgate::provider::Scheme;
-
-use crate::support::gate::{
-    self, GateConfig, SECRET, post, provider, secret_file, signed, stripe_event,
-};
+use crate::support::fixture::{Gate, GateFixture, StoreConfig};
+use crate::support::gate::{Answer, stripe_event};
 use crate::support::raw_upstream::{RawUpstream, Then};
-use crate::support::upstream::{Behavior, Upstream};
+use crate::support::upstream::Behavior;
 
-async fn stripe_gate(
-    dir: &std::path::Path,
-    upstream: &str,
-    store_extra: &str,
-) -> hookgate::Running {
-    let mut config = GateConfig::new(upstream, dir);
-    config.store.push_str(store_extra);
-    let secret = secret_file(dir, "stripe", SECRET);
-    config.providers = provider("stripe", "stripe", &[secret], "");
-    gate::start(&config).await
-}
-
-/// Sends one event twice: the first answer, then the retry's.
-async fn twice(gate: &hookgate::Running, id: &str) -> (gate::Answer, gate::Answer) {
+/// Sends one event twice: the first answer, then the retry's (signed again,
+/// later, by the sender).
+async fn twice(gate: &Gate, id: &str) -> (Answer, Answer) {
     let body = stripe_event(id);
-    let first = post(
-        gate.addr,
-        "/webhooks/stripe",
-        &signed(&Scheme::Stripe, SECRET, &body, "", None),
-        &body,
-    )
-    .await;
-    let retry = post(
-        gate.addr,
-        "/webhooks/stripe",
-        &signed(&Scheme::Stripe, SECRET, &body, "", None),
-        &body,
-    )
-    .await;
-    (first, retry)
+    (gate.deliver(&body).await, gate.deliver(&body).await)
 }
 
 #[tokio::test]
 async fn an_answer_over_the_stored_size_is_kept_as_far_as_it_fits() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
+    let gate = GateFixture::stripe()
+        .store(StoreConfig::sqlite().extra("max_response_bytes = 16"))
+        .start()
+        .await;
+    let up = gate.upstream();
     up.set(Behavior::Large {
         status: 201,
         bytes: 100,
     });
-    let gate = stripe_gate(dir.path(), &up.url(), "max_response_bytes = 16\n").await;
     let (first, retry) = twice(&gate, "evt_large").await;
     assert_eq!(first.status, 201);
     assert_eq!(first.result(), "forwarded");
@@ -71,14 +45,13 @@ async fn an_answer_over_the_stored_size_is_kept_as_far_as_it_fits() {
 
 #[tokio::test]
 async fn an_answer_over_the_read_limit_is_still_processed() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
+    let gate = GateFixture::stripe().start().await;
+    let up = gate.upstream();
     // Over the 8 MiB the gate reads of an answer.
     up.set(Behavior::Large {
         status: 200,
         bytes: 9 * 1024 * 1024,
     });
-    let gate = stripe_gate(dir.path(), &up.url(), "").await;
     let (first, retry) = twice(&gate, "evt_huge").await;
     assert_eq!(first.status, 200);
     assert_eq!(first.result(), "forwarded");
@@ -91,13 +64,12 @@ async fn an_answer_over_the_read_limit_is_still_processed() {
 
 #[tokio::test]
 async fn a_2xx_whose_body_breaks_off_is_processed() {
-    let dir = tempfile::tempdir().unwrap();
     let app = RawUpstream::start(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 1000\r\n\r\nonly ten b",
         Then::Close,
     )
     .await;
-    let gate = stripe_gate(dir.path(), &app.url(), "").await;
+    let gate = GateFixture::stripe().upstream_url(&app.url()).start().await;
     let (first, retry) = twice(&gate, "evt_broken").await;
     assert_eq!(first.status, 200);
     assert_eq!(first.result(), "forwarded");
@@ -111,14 +83,13 @@ async fn a_2xx_whose_body_breaks_off_is_processed() {
 
 #[tokio::test]
 async fn a_2xx_whose_body_stalls_past_the_timeout_is_processed() {
-    let dir = tempfile::tempdir().unwrap();
     let app = RawUpstream::start(
         b"HTTP/1.1 202 Accepted\r\ncontent-length: 50\r\n\r\npartial",
         Then::Stall(Duration::from_secs(5)),
     )
     .await;
     // The test gate's upstream timeout is 2 s.
-    let gate = stripe_gate(dir.path(), &app.url(), "").await;
+    let gate = GateFixture::stripe().upstream_url(&app.url()).start().await;
     let (first, retry) = twice(&gate, "evt_stalled").await;
     assert_eq!(first.status, 202);
     assert_eq!(first.result(), "forwarded");
@@ -131,13 +102,12 @@ async fn a_2xx_whose_body_stalls_past_the_timeout_is_processed() {
 
 #[tokio::test]
 async fn a_failure_whose_body_breaks_off_is_released() {
-    let dir = tempfile::tempdir().unwrap();
     let app = RawUpstream::start(
         b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 100\r\n\r\noops",
         Then::Close,
     )
     .await;
-    let gate = stripe_gate(dir.path(), &app.url(), "").await;
+    let gate = GateFixture::stripe().upstream_url(&app.url()).start().await;
     let (first, retry) = twice(&gate, "evt_failed").await;
     assert_eq!(first.status, 500);
     assert_eq!(first.result(), "upstream_error");

@@ -4,7 +4,7 @@
 //! copies in random order by many concurrent senders, across three real
 //! `hookgate run` processes sharing one store: a redis-server with
 //! append-only persistence, or a PostgreSQL. The run is the same for both;
-//! the store is a parameter (`Store`). Each sender behaves like a provider:
+//! the store's server is a type parameter (`StoreServer`). Each sender behaves like a provider:
 //! it retries every non-2xx answer (and every broken connection) with
 //! backoff, on any instance. Meanwhile the app fails 10% of calls and stalls
 //! past the gate's timeout on some, the store's server is killed and
@@ -23,7 +23,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,9 +36,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::cli::Child;
-use crate::support::gate::{SECRET, secret_file, signed, stripe_event};
+use crate::support::fixture::{GateFixture, StoreConfig};
+use crate::support::gate::{SECRET, signed, stripe_event};
 use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_server::RedisServer;
+use crate::support::store_server::StoreServer;
 use crate::support::upstream::{Behavior, Upstream};
 
 const GATES: usize = 3;
@@ -57,53 +58,6 @@ const LEASE: &str = "5s";
 const LEASE_TIME: Duration = Duration::from_secs(5);
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// The store the gates share, and the crash it takes mid-run.
-enum Store {
-    /// AOF with `appendfsync always`; killed with SIGKILL.
-    Redis(RedisServer),
-    /// Stopped with `pg_ctl -m immediate` (no checkpoint: crash recovery at
-    /// restart), synchronous commit on.
-    Postgres(PostgresServer),
-}
-
-impl Store {
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Redis(_) => "redis",
-            Self::Postgres(_) => "postgres",
-        }
-    }
-
-    /// The gates' `[store]` section. The URL survives `restart` (same port).
-    /// Postgres gets a longer operation timeout: a new connection is a TCP
-    /// handshake plus a backend fork, on a loaded machine.
-    fn config_section(&self) -> String {
-        let (backend, url, timeout) = match self {
-            Self::Redis(r) => ("redis", r.url(), "500ms"),
-            Self::Postgres(p) => ("postgres", p.url(), "1s"),
-        };
-        format!(
-            "[store]\nbackend = \"{backend}\"\nurl = \"{url}\"\nlease = \"{LEASE}\"\ntimeout = \"{timeout}\"\n"
-        )
-    }
-
-    /// Takes the server away at once, its data kept on disk.
-    fn kill(&mut self) {
-        match self {
-            Self::Redis(r) => r.kill(),
-            Self::Postgres(p) => p.kill(),
-        }
-    }
-
-    /// Brings it back on the same port and data; returns once it answers.
-    fn restart(&mut self) {
-        match self {
-            Self::Redis(r) => r.restart(),
-            Self::Postgres(p) => p.restart(),
-        }
-    }
-}
 
 /// What one sender saw on one attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,21 +118,18 @@ impl Rng {
     }
 }
 
-fn write_config(dir: &Path, instance: usize, upstream: &str, store: &str) -> std::path::PathBuf {
-    let secret = secret_file(dir, "stripe_secret", SECRET);
-    let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"2s\"\n\
-         [upstream]\nurl = \"{upstream}/i{instance}\"\ntimeout = \"{UPSTREAM_TIMEOUT}\"\n\
-         {store}\
-         [providers.stripe]\nscheme = \"stripe\"\npath = \"/webhooks/stripe\"\nsecrets = [\"{secret}\"]\n"
-    );
-    let path = dir.join(format!("gate{instance}.toml"));
-    std::fs::write(&path, toml).unwrap();
-    path
+/// Gate process `instance`'s config: it forwards under `/i{instance}`.
+fn instance_config(instance: usize, up: &Upstream, store: &StoreConfig) -> GateFixture {
+    GateFixture::stripe()
+        .upstream_url(&format!("{}/i{instance}", up.url()))
+        .upstream_timeout(UPSTREAM_TIMEOUT)
+        .store(store.clone())
 }
 
-async fn spawn_gate(config: std::path::PathBuf) -> (Child, SocketAddr) {
-    tokio::task::spawn_blocking(move || Child::spawn(&config))
+/// Starts a `hookgate run` process on `config`, which must outlive it.
+async fn spawn_gate(config: &GateFixture) -> (Child, SocketAddr) {
+    let path = config.config_file();
+    tokio::task::spawn_blocking(move || Child::spawn(&path))
         .await
         .unwrap()
 }
@@ -242,29 +193,33 @@ async fn deliver(
 /// postgres run; kept, so filters and links to it keep working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_event_reaches_the_app_exactly_once_through_faults() {
-    exactly_once(|| Store::Redis(RedisServer::start_with_aof())).await;
+    exactly_once(RedisServer::start_with_aof).await;
 }
 
-/// On PostgreSQL: the same run, the server stopped immediately mid-run.
+/// On PostgreSQL: the same run, the server stopped immediately (`pg_ctl -m
+/// immediate`: no checkpoint, crash recovery at restart) mid-run, with
+/// synchronous commit on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_once_on_postgres() {
-    exactly_once(|| Store::Postgres(PostgresServer::start())).await;
+    exactly_once(PostgresServer::start).await;
 }
 
 /// The whole run against the store `start` starts: the gates on it, every
 /// copy delivered through the faults, then what the app answered 2xx, per
 /// event, judged.
-async fn exactly_once(start: impl FnOnce() -> Store + Send + 'static) {
+async fn exactly_once<S: StoreServer>(start: fn() -> S) {
     let events = env_usize("CHAOS_EVENTS", 300);
     let copies = env_usize("CHAOS_COPIES", 3);
     let clients = env_usize("CHAOS_CLIENTS", 32);
     let started = Instant::now();
 
-    let dir = tempfile::tempdir().unwrap();
     // Blocking: initdb takes a while.
     let store = tokio::task::spawn_blocking(start).await.unwrap();
-    let backend = store.name();
-    let store_section = store.config_section();
+    let backend = S::BACKEND;
+    // The URL survives `restart` (same port).
+    let store_config = StoreConfig::on(&store)
+        .lease(LEASE)
+        .timeout(S::GATE_TIMEOUT);
     let store = Arc::new(Mutex::new(store));
     let up = Upstream::start().await;
     up.set(Behavior::Random {
@@ -273,11 +228,12 @@ async fn exactly_once(start: impl FnOnce() -> Store + Send + 'static) {
         stall: STALL,
     });
 
+    let mut configs = Vec::new();
     let mut children = Vec::new();
     let mut instances = Vec::new();
     for g in 0..GATES {
-        let (child, addr) =
-            spawn_gate(write_config(dir.path(), g, &up.url(), &store_section)).await;
+        configs.push(instance_config(g, &up, &store_config));
+        let (child, addr) = spawn_gate(&configs[g]).await;
         children.push(Some(child));
         instances.push(Instance { addr });
     }
@@ -361,8 +317,8 @@ async fn exactly_once(start: impl FnOnce() -> Store + Send + 'static) {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let reborn = GATES; // the restarted process is instance 3
-    let (child, addr) =
-        spawn_gate(write_config(dir.path(), reborn, &up.url(), &store_section)).await;
+    configs.push(instance_config(reborn, &up, &store_config));
+    let (child, addr) = spawn_gate(&configs[reborn]).await;
     children.push(Some(child));
     cluster.instances.lock().unwrap().push(Instance { addr });
     cluster.slots.lock().unwrap()[VICTIM] = reborn;

@@ -10,7 +10,8 @@ use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value;
 use prost::Message;
 
-use crate::support::gate::{self, GateConfig, SECRET, post, provider, secret_file, signed};
+use crate::support::fixture::{Gate, GateFixture};
+use crate::support::gate::{SECRET, signed, stripe_event};
 use crate::support::upstream::{Received, Upstream};
 
 fn label<'a>(attributes: &'a [KeyValue], name: &str) -> Option<&'a str> {
@@ -58,36 +59,29 @@ fn service_name(export: &Received) -> Option<String> {
     label(&resource.attributes, "service.name").map(str::to_owned)
 }
 
-async fn send_twice_and_once_forged(gate: &hookgate::Running) {
-    for (id, secret) in [("evt_o1", SECRET), ("evt_o1", SECRET), ("evt_o2", "forged")] {
-        let body = gate::stripe_event(id);
-        let headers = signed(&Scheme::Stripe, secret, &body, "", None);
-        post(gate.addr, "/webhooks/stripe", &headers, &body).await;
-    }
+async fn send_twice_and_once_forged(gate: &Gate) {
+    let forged = stripe_event("evt_o2");
+    let headers = signed(&Scheme::Stripe, "forged", &forged, "", None);
+    gate.deliver(&stripe_event("evt_o1")).await;
+    gate.deliver(&stripe_event("evt_o1")).await;
+    gate.post(&gate.path(), &headers, &forged).await;
 }
 
-fn config(
-    dir: &std::path::Path,
-    app: &Upstream,
-    collector: &Upstream,
-    interval: &str,
-) -> GateConfig {
-    let mut config = GateConfig::new(&app.url(), dir);
-    let secret = secret_file(dir, "stripe", SECRET);
-    config.providers = format!(
-        "[telemetry]\notlp_endpoint = \"{}\"\notlp_interval = \"{interval}\"\notlp_timeout = \"2s\"\n{}",
-        collector.url(),
-        provider("stripe", "stripe", &[secret], "")
-    );
-    config
+/// A stripe gate exporting to `collector` every `interval`.
+async fn exporting_gate(collector: &Upstream, interval: &str) -> Gate {
+    GateFixture::stripe()
+        .section(&format!(
+            "[telemetry]\notlp_endpoint = \"{}\"\notlp_interval = \"{interval}\"\notlp_timeout = \"2s\"",
+            collector.url()
+        ))
+        .start()
+        .await
 }
 
 #[tokio::test]
 async fn metrics_are_pushed_to_the_collector_every_interval() {
-    let dir = tempfile::tempdir().unwrap();
-    let app = Upstream::start().await;
     let collector = Upstream::start().await;
-    let gate = gate::start(&config(dir.path(), &app, &collector, "200ms")).await;
+    let gate = exporting_gate(&collector, "200ms").await;
     send_twice_and_once_forged(&gate).await;
 
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -120,10 +114,8 @@ async fn metrics_are_pushed_to_the_collector_every_interval() {
 
 #[tokio::test]
 async fn shutdown_pushes_what_the_interval_has_not() {
-    let dir = tempfile::tempdir().unwrap();
-    let app = Upstream::start().await;
     let collector = Upstream::start().await;
-    let gate = gate::start(&config(dir.path(), &app, &collector, "1h")).await;
+    let gate = exporting_gate(&collector, "1h").await;
     send_twice_and_once_forged(&gate).await;
     assert_eq!(
         collector.count(),

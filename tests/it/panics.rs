@@ -5,30 +5,19 @@
 
 use std::time::Duration;
 
-use hookgate::provider::Scheme;
 use hookgate::store::{Backend, ScopedKey};
-use hookgate::{config, start};
-use http::Method;
 
-use crate::support::gate::{
-    self, GateConfig, SECRET, post, provider, secret_file, signed, stripe_event,
-};
-use crate::support::upstream::Upstream;
+use crate::support::fixture::GateFixture;
+use crate::support::gate::stripe_event;
 
 #[tokio::test]
 async fn a_panic_answers_500_is_counted_and_releases_the_claim() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    let secret = secret_file(dir.path(), "stripe", SECRET);
-    config.providers = provider("stripe", "stripe", &[secret], "");
-    let mut settings = config::load(&config::figment_from_str(&config.toml())).unwrap();
-    settings.faults.panic_after_claim = true;
-    let gate = start(settings).await.unwrap();
+    let gate = GateFixture::stripe()
+        .settings(|s| s.faults.panic_after_claim = true)
+        .start()
+        .await;
 
-    let body = stripe_event("evt_panic");
-    let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
-    let answer = post(gate.addr, "/webhooks/stripe", &headers, &body).await;
+    let answer = gate.deliver(&stripe_event("evt_panic")).await;
     assert_eq!(answer.status, 500);
     assert_eq!(answer.result(), "internal_error");
     assert_eq!(answer.json()["error"], "internal_error");
@@ -36,10 +25,9 @@ async fn a_panic_answers_500_is_counted_and_releases_the_claim() {
         !String::from_utf8_lossy(&answer.body).contains("injected"),
         "the sender sees no detail"
     );
-    assert_eq!(up.count(), 0);
+    assert_eq!(gate.upstream().count(), 0);
 
-    let metrics = gate::send(gate.admin_addr, Method::GET, "/metrics", &[], "").await;
-    let text = String::from_utf8_lossy(&metrics.body);
+    let text = gate.metrics().await;
     assert!(
         text.contains(r#"hookgate_deliveries_total{provider="stripe",outcome="internal_error"} 1"#),
         "{text}"

@@ -12,7 +12,8 @@ use hookgate::provider::Scheme;
 use http::Method;
 
 use crate::cli::{Child, hookgate};
-use crate::support::gate::{Answer, GateConfig, post, provider, secret_file, send, signed};
+use crate::support::fixture::{GateFixture, StoreConfig};
+use crate::support::gate::{Answer, post, send, signed};
 use crate::support::redis_server::RedisServer;
 use crate::support::upstream::{Behavior, Upstream};
 
@@ -81,6 +82,31 @@ impl Transcript {
         }
     }
 
+    /// Scans the process's admin answers, stops it, and keeps its log.
+    async fn stop(&mut self, what: &str, child: Child) -> Vec<String> {
+        self.admin(child.admin_addr()).await;
+        let (_, lines) = tokio::task::spawn_blocking(move || child.stop())
+            .await
+            .unwrap();
+        self.lines(what, &lines);
+        lines
+    }
+
+    /// Posts a delivery, keeps what came back, and checks its result.
+    async fn expect(
+        &mut self,
+        addr: SocketAddr,
+        what: &str,
+        path: &str,
+        headers: Headers,
+        body: &[u8],
+        result: &str,
+    ) {
+        let a = post(addr, path, &headers, body).await;
+        self.answer(what, &a);
+        assert_eq!(a.result(), result, "{what}");
+    }
+
     fn assert_clean(&self) {
         let mut leaks = Vec::new();
         for (what, text) in &self.text {
@@ -94,42 +120,22 @@ impl Transcript {
     }
 }
 
-async fn deliver(
-    seen: &mut Transcript,
-    addr: SocketAddr,
-    what: &str,
-    headers: Vec<(String, String)>,
-    body: &[u8],
-    path: &str,
-) -> Answer {
-    let a = post(addr, path, &headers, body).await;
-    seen.answer(what, &a);
-    a
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_error_path_reveals_a_secret() {
-    let dir = tempfile::tempdir().unwrap();
     let mut seen = Transcript::default();
     let up = Upstream::start().await;
     let mut redis = RedisServer::start();
 
     // Gate A: redis, in front of the recording app. The stripe secret is a
     // file, the standard one an environment variable.
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.upstream = format!("url = \"{}\"\ntimeout = \"1s\"\n", up.url());
-    config.store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\nlease = \"3s\"\ntimeout = \"300ms\"\n",
-        redis.url()
-    );
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "stripe", STRIPE_SECRET)],
-        "",
-    ) + &provider("std", "standard", &["env:HG_TEST_STD_SECRET".into()], "");
-    let path_a = dir.path().join("a.toml");
-    std::fs::write(&path_a, config.toml()).unwrap();
+    let config_a = GateFixture::provider("stripe", Scheme::Stripe)
+        .secret(STRIPE_SECRET)
+        .add_provider("std", Scheme::Standard)
+        .secret_source("env:HG_TEST_STD_SECRET")
+        .upstream(&up)
+        .upstream_timeout("1s")
+        .store(StoreConfig::on(&redis).lease("3s").timeout("300ms"));
+    let path_a = config_a.config_file();
     let std = std_secret();
     let env = [("HG_TEST_STD_SECRET", std.as_str())];
     let p = path_a.clone();
@@ -147,34 +153,13 @@ async fn no_error_path_reveals_a_secret() {
 
     let stripe =
         |body: &[u8], secret: &str, at: Option<i64>| signed(&Scheme::Stripe, secret, body, "", at);
+    let genuine = |body: &[u8]| stripe(body, STRIPE_SECRET, None);
     let s = "/webhooks/stripe";
     let ok = br#"{"id":"evt_secret_ok"}"#;
-    assert_eq!(
-        deliver(
-            &mut seen,
-            addr,
-            "ok",
-            stripe(ok, STRIPE_SECRET, None),
-            ok,
-            s
-        )
-        .await
-        .result(),
-        "forwarded"
-    );
-    assert_eq!(
-        deliver(
-            &mut seen,
-            addr,
-            "dup",
-            stripe(ok, STRIPE_SECRET, None),
-            ok,
-            s
-        )
-        .await
-        .result(),
-        "duplicate"
-    );
+    seen.expect(addr, "ok", s, genuine(ok), ok, "forwarded")
+        .await;
+    seen.expect(addr, "dup", s, genuine(ok), ok, "duplicate")
+        .await;
     let cases: Vec<(&str, Headers, Vec<u8>, &str)> = vec![
         (
             "forged",
@@ -209,69 +194,37 @@ async fn no_error_path_reveals_a_secret() {
         ),
     ];
     for (what, headers, body, code) in cases {
-        assert_eq!(
-            deliver(&mut seen, addr, what, headers, &body, s)
-                .await
-                .result(),
-            code,
-            "{what}"
-        );
+        seen.expect(addr, what, s, headers, &body, code).await;
     }
     // A body that carries the secrets is forwarded, but never logged.
     let leaky = format!(r#"{{"id":"evt_leaky","a":"{STRIPE_SECRET}","b":"{std}"}}"#);
     let h = stripe(leaky.as_bytes(), STRIPE_SECRET, None);
-    assert_eq!(
-        deliver(&mut seen, addr, "leaky body", h, leaky.as_bytes(), s)
-            .await
-            .result(),
-        "forwarded"
-    );
+    seen.expect(addr, "leaky body", s, h, leaky.as_bytes(), "forwarded")
+        .await;
     // The standard provider, forged and genuine.
     let sb = b"{\"type\":\"ping\"}";
     let forged = signed(&Scheme::Standard, "whsec_AAAAAAAA", sb, "msg_1", None);
-    assert_eq!(
-        deliver(&mut seen, addr, "std forged", forged, sb, "/webhooks/std")
-            .await
-            .result(),
-        "invalid_signature"
-    );
+    let std_path = "/webhooks/std";
+    seen.expect(
+        addr,
+        "std forged",
+        std_path,
+        forged,
+        sb,
+        "invalid_signature",
+    )
+    .await;
     let good = signed(&Scheme::Standard, &std, sb, "msg_1", None);
-    assert_eq!(
-        deliver(&mut seen, addr, "std ok", good, sb, "/webhooks/std")
-            .await
-            .result(),
-        "forwarded"
-    );
+    seen.expect(addr, "std ok", std_path, good, sb, "forwarded")
+        .await;
     // The app failing, then too slow.
     up.set(Behavior::Status(500));
     let b = br#"{"id":"evt_secret_500"}"#;
-    assert_eq!(
-        deliver(
-            &mut seen,
-            addr,
-            "app 500",
-            stripe(b, STRIPE_SECRET, None),
-            b,
-            s
-        )
-        .await
-        .result(),
-        "upstream_error"
-    );
+    seen.expect(addr, "app 500", s, genuine(b), b, "upstream_error")
+        .await;
     up.set(Behavior::Stall(Duration::from_millis(1500)));
-    assert_eq!(
-        deliver(
-            &mut seen,
-            addr,
-            "app slow",
-            stripe(b, STRIPE_SECRET, None),
-            b,
-            s
-        )
-        .await
-        .result(),
-        "upstream_timeout"
-    );
+    seen.expect(addr, "app slow", s, genuine(b), b, "upstream_timeout")
+        .await;
     up.set(Behavior::Status(200));
     // Non-POST, unknown route (passthrough answers from the app).
     let a = send(addr, Method::GET, s, &[], Vec::new()).await;
@@ -280,27 +233,12 @@ async fn no_error_path_reveals_a_secret() {
     // The store down.
     redis.kill();
     let b = br#"{"id":"evt_secret_store"}"#;
-    assert_eq!(
-        deliver(
-            &mut seen,
-            addr,
-            "store down",
-            stripe(b, STRIPE_SECRET, None),
-            b,
-            s
-        )
-        .await
-        .result(),
-        "store_unavailable"
-    );
+    seen.expect(addr, "store down", s, genuine(b), b, "store_unavailable")
+        .await;
     seen.admin(admin_a).await;
     redis.restart();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    seen.admin(admin_a).await;
-    let (_, lines) = tokio::task::spawn_blocking(move || gate_a.stop())
-        .await
-        .unwrap();
-    seen.lines("gate A log", &lines);
+    let lines = seen.stop("gate A log", gate_a).await;
     assert!(
         lines.iter().any(|l| l.contains("store_unavailable")),
         "the store outage was logged"
@@ -308,28 +246,19 @@ async fn no_error_path_reveals_a_secret() {
 
     // Gate B: the app unreachable, and a redis URL with a password that
     // cannot be reached (given by environment variable).
-    let mut config = GateConfig::new("http://127.0.0.1:9", dir.path());
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "stripe", STRIPE_SECRET)],
-        "",
-    );
-    let path_b = dir.path().join("b.toml");
-    std::fs::write(&path_b, config.toml()).unwrap();
+    let config_b = GateFixture::provider("stripe", Scheme::Stripe)
+        .secret(STRIPE_SECRET)
+        .upstream_url("http://127.0.0.1:9");
+    let path_b = config_b.config_file();
     let p = path_b.clone();
     let (gate_b, addr_b) = tokio::task::spawn_blocking(move || Child::spawn(&p))
         .await
         .unwrap();
     let b = br#"{"id":"evt_secret_502"}"#;
-    let a = post(addr_b, s, &stripe(b, STRIPE_SECRET, None), b).await;
-    seen.answer("app down", &a);
-    assert_eq!(a.result(), "upstream_unreachable");
-    seen.admin(gate_b.admin_addr()).await;
-    let (_, lines) = tokio::task::spawn_blocking(move || gate_b.stop())
-        .await
-        .unwrap();
-    seen.lines("gate B log", &lines);
+    let unreachable = "upstream_unreachable";
+    seen.expect(addr_b, "app down", s, genuine(b), b, unreachable)
+        .await;
+    seen.stop("gate B log", gate_b).await;
 
     let dead = format!("redis://:{REDIS_PASSWORD}@127.0.0.1:9/0");
     let p = path_b.clone();
@@ -345,14 +274,10 @@ async fn no_error_path_reveals_a_secret() {
     })
     .await
     .unwrap();
-    let a = post(addr_c, s, &stripe(b, STRIPE_SECRET, None), b).await;
-    seen.answer("password store down", &a);
-    assert_eq!(a.result(), "store_unavailable");
-    seen.admin(gate_c.admin_addr()).await;
-    let (_, lines) = tokio::task::spawn_blocking(move || gate_c.stop())
-        .await
-        .unwrap();
-    seen.lines("gate C log", &lines);
+    let what = "password store down";
+    seen.expect(addr_c, what, s, genuine(b), b, "store_unavailable")
+        .await;
+    seen.stop("gate C log", gate_c).await;
 
     // The command line: check (fine, a missing secret, a literal one), sign
     // (fine and failing), keys.
@@ -370,7 +295,8 @@ async fn no_error_path_reveals_a_secret() {
     let out = run(&["check", "--config", a], &[]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     seen.output("check, env secret missing", &out);
-    let literal = dir.path().join("literal.toml");
+    let dir = config_a.dir();
+    let literal = dir.join("literal.toml");
     std::fs::write(
         &literal,
         format!(
@@ -387,7 +313,7 @@ async fn no_error_path_reveals_a_secret() {
     }
     let out = run(&["check", "--config", a], &[("HOOKGATE_STORE__URL", &dead)]);
     seen.output("check with a password url", &out);
-    let body = dir.path().join("body.json");
+    let body = dir.join("body.json");
     std::fs::write(&body, b"{\"id\":\"evt_signed\"}").unwrap();
     let body = body.to_str().unwrap();
     let out = run(

@@ -6,15 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hookgate::provider::Scheme;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use crate::support::gate::{self, GateConfig, SECRET, provider, secret_file, signed, stripe_event};
-use crate::support::upstream::Upstream;
+use crate::support::fixture::{GateFixture, StoreConfig};
+use crate::support::gate::stripe_event;
 
 /// Writes a self-signed certificate for `localhost`; returns its PEM.
 fn write_cert(dir: &Path) -> String {
@@ -73,40 +72,29 @@ async fn post_tls(
 
 #[tokio::test]
 async fn the_listener_serves_tls_and_reloads_its_certificate() {
-    let dir = tempfile::tempdir().unwrap();
-    let first_pem = write_cert(dir.path());
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.extra = tls_section(dir.path());
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let gate = gate::start(&config).await;
+    let fixture = GateFixture::stripe();
+    let dir = fixture.dir().to_owned();
+    let first_pem = write_cert(&dir);
+    let gate = fixture.server_extra(&tls_section(&dir)).start().await;
     let port = gate.addr.port();
 
     let body = stripe_event("evt_tls");
-    let (status, headers) = post_tls(
-        port,
-        &first_pem,
-        &signed(&Scheme::Stripe, SECRET, &body, "", None),
-        &body,
-    )
-    .await;
+    let (status, headers) = post_tls(port, &first_pem, &gate.sign(&body), &body).await;
     assert_eq!(status, 200);
     assert_eq!(headers["hookgate-result"], "forwarded");
-    assert_eq!(up.received()[0].headers["x-forwarded-proto"], "https");
+    assert_eq!(
+        gate.upstream().received()[0].headers["x-forwarded-proto"],
+        "https"
+    );
 
     // Rotate the files: new connections get the new certificate.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let second_pem = write_cert(dir.path());
+    let second_pem = write_cert(&dir);
     let mut result = 0;
     for _ in 0..40 {
         tokio::time::sleep(Duration::from_millis(150)).await;
         let body = stripe_event("evt_tls_2");
-        let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
+        let headers = gate.sign(&body);
         let attempt = tokio::spawn({
             let pem = second_pem.clone();
             async move { post_tls(port, &pem, &headers, &body).await }
@@ -122,57 +110,38 @@ async fn the_listener_serves_tls_and_reloads_its_certificate() {
 
 #[tokio::test]
 async fn https_upstreams_are_trusted_through_ca_file() {
-    let dir = tempfile::tempdir().unwrap();
-    write_cert(dir.path());
-    let app = Upstream::start().await;
-    // A TLS front for the app: a second gate that only passes through.
-    let mut front = GateConfig::new(&app.url(), dir.path());
-    front.extra = tls_section(dir.path());
-    front.store = "backend = \"memory\"\nlease = \"5s\"\n".to_owned();
-    let front = gate::start(&front).await;
+    // A TLS front for the app: a gate with no provider, that only passes
+    // through.
+    let front = GateFixture::new();
+    write_cert(front.dir());
+    let cert = front.dir().join("tls.crt");
+    let tls = tls_section(front.dir());
+    let front = front
+        .server_extra(&tls)
+        .store(StoreConfig::memory())
+        .start()
+        .await;
+    let app = front.upstream();
+    let https = format!("https://localhost:{}", front.addr.port());
 
-    let mut config = GateConfig::new(
-        &format!("https://localhost:{}", front.addr.port()),
-        dir.path(),
-    );
-    config.upstream.push_str(&format!(
-        "ca_file = \"{}\"\n",
-        dir.path().join("tls.crt").display()
-    ));
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let gate = gate::start(&config).await;
+    let gate = GateFixture::stripe()
+        .upstream_url(&https)
+        .upstream_extra(&format!("ca_file = \"{}\"", cert.display()))
+        .start()
+        .await;
     let body = stripe_event("evt_https_up");
-    let answer = gate::post(
-        gate.addr,
-        "/webhooks/stripe",
-        &signed(&Scheme::Stripe, SECRET, &body, "", None),
-        &body,
-    )
-    .await;
+    let answer = gate.deliver(&body).await;
     assert_eq!(answer.result(), "forwarded", "{answer:?}");
     assert_eq!(app.received()[0].body.as_ref(), body.as_slice());
 
     // Without the CA the upstream is not trusted: 502, the key released.
-    let mut untrusting = GateConfig::new(
-        &format!("https://localhost:{}", front.addr.port()),
-        dir.path(),
-    );
-    untrusting.store = "backend = \"memory\"\nlease = \"5s\"\n".to_owned();
-    untrusting.providers = config.providers.clone();
-    let other = gate::start(&untrusting).await;
+    let other = GateFixture::stripe()
+        .upstream_url(&https)
+        .store(StoreConfig::memory())
+        .start()
+        .await;
     let body = stripe_event("evt_https_untrusted");
-    let answer = gate::post(
-        other.addr,
-        "/webhooks/stripe",
-        &signed(&Scheme::Stripe, SECRET, &body, "", None),
-        &body,
-    )
-    .await;
+    let answer = other.deliver(&body).await;
     assert_eq!(answer.status, 502);
     assert_eq!(app.count(), 1);
     for g in [gate, other, front] {
