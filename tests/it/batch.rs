@@ -4,8 +4,11 @@ use base64::Engine as _;
 use p256::ecdsa::SigningKey;
 use p256::pkcs8::{EncodePrivateKey, EncodePublicKey};
 
-use crate::support::gate::{self, GateConfig, post, provider, secret_file};
-use crate::support::upstream::{Behavior, Upstream};
+use hookgate::provider::Scheme;
+
+use crate::support::fixture::{Gate, GateFixture};
+use crate::support::gate::Answer;
+use crate::support::upstream::Behavior;
 
 /// A reproducible P-256 key pair: (private PKCS#8 DER, public base64 DER).
 fn key_pair() -> (Vec<u8>, String) {
@@ -28,6 +31,24 @@ fn signed(private: &[u8], body: &[u8]) -> Vec<(String, String)> {
     headers
 }
 
+/// A gate with one SendGrid provider verifying with the public half of
+/// `key_pair`; returns it with the private half, to sign with.
+async fn sendgrid_gate() -> (Gate, Vec<u8>) {
+    let (private, public) = key_pair();
+    let gate = GateFixture::provider("sendgrid", Scheme::Sendgrid)
+        .secret(&public)
+        .start()
+        .await;
+    (gate, private)
+}
+
+/// Posts `body` to the SendGrid provider, signed now with `private`.
+async fn deliver(gate: &Gate, private: &[u8], body: &str) -> Answer {
+    let headers = signed(private, body.as_bytes());
+    gate.post("/webhooks/sendgrid", &headers, body.as_bytes())
+        .await
+}
+
 fn event(id: &str) -> String {
     format!(
         r#"{{"email":"a@example.com","event":"delivered","sg_event_id":"{id}","timestamp":1600112492}}"#
@@ -36,24 +57,13 @@ fn event(id: &str) -> String {
 
 #[tokio::test]
 async fn batches_are_deduplicated_element_by_element() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let (private, public) = key_pair();
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.providers = provider(
-        "sendgrid",
-        "sendgrid",
-        &[secret_file(dir.path(), "pub", &public)],
-        "",
-    );
-    let gate = gate::start(&config).await;
-    let path = "/webhooks/sendgrid";
+    let (gate, private) = sendgrid_gate().await;
+    let up = gate.upstream();
     let (a, b, c) = (event("evt-A"), event("evt-B"), event("evt-C"));
 
     // All fresh: the body goes through unchanged, signature and all.
     let first = format!("[{a},\n {b}]\r\n");
-    let headers = signed(&private, first.as_bytes());
-    let answer = post(gate.addr, path, &headers, first.as_bytes()).await;
+    let answer = deliver(&gate, &private, &first).await;
     assert_eq!(answer.result(), "forwarded");
     let got = up.received();
     assert_eq!(got[0].body.as_ref(), first.as_bytes());
@@ -65,25 +75,13 @@ async fn batches_are_deduplicated_element_by_element() {
     assert!(!got[0].headers.contains_key("hookgate-batch"));
 
     // The whole batch again: a duplicate, the app is not called.
-    let again = post(
-        gate.addr,
-        path,
-        &signed(&private, first.as_bytes()),
-        first.as_bytes(),
-    )
-    .await;
+    let again = deliver(&gate, &private, &first).await;
     assert_eq!(again.result(), "duplicate");
     assert_eq!(up.count(), 1);
 
     // A mix: only the fresh element, with its exact bytes, and no signature.
     let mixed = format!("[{a}, {c}]");
-    let answer = post(
-        gate.addr,
-        path,
-        &signed(&private, mixed.as_bytes()),
-        mixed.as_bytes(),
-    )
-    .await;
+    let answer = deliver(&gate, &private, &mixed).await;
     assert_eq!(answer.result(), "forwarded");
     let got = up.received();
     assert_eq!(got.len(), 2);
@@ -106,13 +104,7 @@ async fn batches_are_deduplicated_element_by_element() {
     );
 
     // A later redelivery of the mixed batch is a duplicate as a whole.
-    let redelivery = post(
-        gate.addr,
-        path,
-        &signed(&private, mixed.as_bytes()),
-        mixed.as_bytes(),
-    )
-    .await;
+    let redelivery = deliver(&gate, &private, &mixed).await;
     assert_eq!(redelivery.result(), "duplicate");
     assert_eq!(up.count(), 2);
     gate.shutdown().await;
@@ -120,35 +112,14 @@ async fn batches_are_deduplicated_element_by_element() {
 
 #[tokio::test]
 async fn a_failed_batch_releases_every_element() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let (private, public) = key_pair();
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.providers = provider(
-        "sendgrid",
-        "sendgrid",
-        &[secret_file(dir.path(), "pub", &public)],
-        "",
-    );
-    let gate = gate::start(&config).await;
+    let (gate, private) = sendgrid_gate().await;
+    let up = gate.upstream();
     let body = format!("[{},{}]", event("f-1"), event("f-2"));
     up.set(Behavior::Status(503));
-    let failed = post(
-        gate.addr,
-        "/webhooks/sendgrid",
-        &signed(&private, body.as_bytes()),
-        body.as_bytes(),
-    )
-    .await;
+    let failed = deliver(&gate, &private, &body).await;
     assert_eq!(failed.status, 503);
     up.set(Behavior::Status(200));
-    let retried = post(
-        gate.addr,
-        "/webhooks/sendgrid",
-        &signed(&private, body.as_bytes()),
-        body.as_bytes(),
-    )
-    .await;
+    let retried = deliver(&gate, &private, &body).await;
     assert_eq!(retried.result(), "forwarded");
     assert_eq!(
         up.received()[1].body.as_ref(),
@@ -158,13 +129,7 @@ async fn a_failed_batch_releases_every_element() {
 
     // An element without its key: the batch has no usable key.
     let keyless = r#"[{"event":"open"}]"#;
-    let answer = post(
-        gate.addr,
-        "/webhooks/sendgrid",
-        &signed(&private, keyless.as_bytes()),
-        keyless.as_bytes(),
-    )
-    .await;
+    let answer = deliver(&gate, &private, keyless).await;
     assert_eq!(answer.json()["error"], "missing_key");
     gate.shutdown().await;
 }

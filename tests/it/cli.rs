@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use hookgate::provider::Scheme;
 
-use crate::support::gate::{GateConfig, SECRET, post, provider, secret_file, signed, stripe_event};
+use crate::support::fixture::GateFixture;
+use crate::support::gate::{SECRET, post, signed, stripe_event};
 use crate::support::upstream::Upstream;
 
 pub fn hookgate() -> Command {
@@ -48,23 +49,12 @@ fn a_bad_config_exits_64_listing_every_problem_without_echoing_secrets() {
 
 #[test]
 fn check_redacts_secrets_and_fails_on_missing_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = "http://127.0.0.1:9";
-    let mut config = GateConfig::new(up, dir.path());
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "retention = \"1d\"",
-    );
-    let path = dir.path().join("ok.toml");
-    std::fs::write(&path, config.toml()).unwrap();
-    let out = hookgate()
-        .arg("check")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .unwrap();
+    let config = GateFixture::stripe()
+        .provider_extra("retention = \"1d\"")
+        .upstream_url("http://127.0.0.1:9");
+    let path = config.config_file();
+    let check = || hookgate().arg("check").arg("--config").arg(&path).output();
+    let out = check().unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -78,13 +68,8 @@ fn check_redacts_secrets_and_fails_on_missing_ones() {
     );
     assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET));
 
-    std::fs::remove_file(dir.path().join("s")).unwrap();
-    let out = hookgate()
-        .arg("check")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .unwrap();
+    std::fs::remove_file(config.secret_path("stripe", 0)).unwrap();
+    let out = check().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no usable secret"));
 }
@@ -203,18 +188,9 @@ impl Drop for Child {
 
 #[tokio::test]
 async fn the_delivery_log_has_one_json_line_per_delivery_and_no_secret() {
-    let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let path = dir.path().join("gate.toml");
-    std::fs::write(&path, config.toml()).unwrap();
-    let (child, addr) = Child::spawn(&path);
+    let config = GateFixture::stripe().upstream(&up);
+    let (child, addr) = Child::spawn(&config.config_file());
 
     let body = stripe_event("evt_logged");
     let good = signed(&Scheme::Stripe, SECRET, &body, "", None);
@@ -277,22 +253,12 @@ async fn the_delivery_log_has_one_json_line_per_delivery_and_no_secret() {
 
 #[tokio::test]
 async fn sign_prints_headers_the_gate_accepts() {
-    let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.providers = provider(
-        "std",
-        "standard",
-        &[secret_file(
-            dir.path(),
-            "s",
-            "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        )],
-        "",
-    );
-    let path = dir.path().join("gate.toml");
-    std::fs::write(&path, config.toml()).unwrap();
-    let body_path = dir.path().join("body.json");
+    let config = GateFixture::provider("std", Scheme::Standard)
+        .secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+        .upstream(&up);
+    let path = config.config_file();
+    let body_path = config.dir().join("body.json");
     std::fs::write(&body_path, b"{\"type\":\"invoice.paid\"}").unwrap();
     let out = hookgate()
         .args(["sign", "--provider", "std", "--id", "msg_cli_1", "--config"])
@@ -317,14 +283,10 @@ async fn sign_prints_headers_the_gate_accepts() {
             .iter()
             .any(|(k, v)| k == "webhook-id" && v == "msg_cli_1")
     );
-    let gate = crate::support::gate::start(&config).await;
-    let a = post(
-        gate.addr,
-        "/webhooks/std",
-        &headers,
-        b"{\"type\":\"invoice.paid\"}",
-    )
-    .await;
+    let gate = config.start().await;
+    let a = gate
+        .post("/webhooks/std", &headers, b"{\"type\":\"invoice.paid\"}")
+        .await;
     assert_eq!(a.result(), "forwarded");
     assert_eq!(
         up.received()[0].headers["hookgate-event-key"],
@@ -335,16 +297,8 @@ async fn sign_prints_headers_the_gate_accepts() {
 
 #[test]
 fn environment_variables_override_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = GateConfig::new("http://127.0.0.1:9", dir.path());
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let path = dir.path().join("gate.toml");
-    std::fs::write(&path, config.toml()).unwrap();
+    let config = GateFixture::stripe().upstream_url("http://127.0.0.1:9");
+    let path = config.config_file();
     let run = |vars: &[(&str, &str)]| {
         let out = hookgate()
             .arg("check")

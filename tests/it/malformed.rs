@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use hookgate::provider::Scheme;
 
 use crate::cli::Child;
-use crate::support::gate::{GateConfig, SECRET, provider, secret_file, signed, stripe_event};
+use crate::support::fixture::GateFixture;
+use crate::support::gate::{SECRET, signed, stripe_event};
 use crate::support::upstream::Upstream;
 
 const STD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -403,23 +404,13 @@ fn cases() -> Vec<Case> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_their_4xx_and_the_gate_keeps_serving() {
-    let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.extra = "read_timeout = \"2s\"\n".into();
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    ) + &provider(
-        "std",
-        "standard",
-        &[secret_file(dir.path(), "std", STD_SECRET)],
-        "",
-    );
-    let path = dir.path().join("gate.toml");
-    std::fs::write(&path, config.toml()).unwrap();
+    let config = GateFixture::stripe()
+        .add_provider("std", Scheme::Standard)
+        .secret(STD_SECRET)
+        .server_extra("read_timeout = \"2s\"")
+        .upstream(&up);
+    let path = config.config_file();
     let (child, addr) = tokio::task::spawn_blocking(move || Child::spawn(&path))
         .await
         .unwrap();

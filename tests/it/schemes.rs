@@ -12,7 +12,8 @@ use hookgate::provider::{Scheme, TwilioScheme, sendgrid_sign};
 use p256::ecdsa::SigningKey;
 use p256::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
 
-use crate::support::gate::{self, GateConfig, post, provider, secret_file, signed};
+use crate::support::fixture::GateFixture;
+use crate::support::gate::{post, signed};
 use crate::support::upstream::Upstream;
 
 const SLACK_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
@@ -24,13 +25,6 @@ fn now() -> i64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64
-}
-
-/// A gate with these provider sections in front of `up`.
-async fn gate_with(up: &Upstream, dir: &std::path::Path, providers: String) -> hookgate::Running {
-    let mut config = GateConfig::new(&up.url(), dir);
-    config.providers = providers;
-    gate::start(&config).await
 }
 
 fn header(name: &str, value: &str) -> (String, String) {
@@ -48,20 +42,21 @@ fn slack_event(event_id: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn slack_events_are_forwarded_once_and_retries_are_duplicates() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let secret = secret_file(dir.path(), "slack", SLACK_SECRET);
-    let gate = gate_with(&up, dir.path(), provider("slack", "slack", &[secret], "")).await;
+    let gate = GateFixture::provider("slack", Scheme::Slack)
+        .secret(SLACK_SECRET)
+        .start()
+        .await;
+    let up = gate.upstream();
     let path = "/webhooks/slack";
     let body = slack_event("Ev01ABCDEF");
 
-    let first = post(
-        gate.addr,
-        path,
-        &signed(&Scheme::Slack, SLACK_SECRET, &body, "", None),
-        &body,
-    )
-    .await;
+    let first = gate
+        .post(
+            path,
+            &signed(&Scheme::Slack, SLACK_SECRET, &body, "", None),
+            &body,
+        )
+        .await;
     assert_eq!(first.status, 200);
     assert_eq!(first.result(), "forwarded");
     assert_eq!(up.received()[0].body.as_ref(), body.as_slice());
@@ -74,25 +69,25 @@ async fn slack_events_are_forwarded_once_and_retries_are_duplicates() {
     let mut retry = signed(&Scheme::Slack, SLACK_SECRET, &body, "", Some(now() + 1));
     retry.push(header("X-Slack-Retry-Num", "1"));
     retry.push(header("X-Slack-Retry-Reason", "http_timeout"));
-    let second = post(gate.addr, path, &retry, &body).await;
+    let second = gate.post(path, &retry, &body).await;
     assert_eq!(second.status, 200);
     assert_eq!(second.result(), "duplicate");
     assert_eq!(second.body, first.body, "the stored answer is replayed");
 
     let other = slack_event("Ev02FORGED");
     let forged = signed(&Scheme::Slack, "not-the-signing-secret", &other, "", None);
-    let a = post(gate.addr, path, &forged, &other).await;
+    let a = gate.post(path, &forged, &other).await;
     assert_eq!(a.json()["error"], "invalid_signature");
 
     let mut tampered = body.clone();
     tampered.extend_from_slice(b" ");
     let good = signed(&Scheme::Slack, SLACK_SECRET, &body, "", None);
-    let a = post(gate.addr, path, &good, &tampered).await;
+    let a = gate.post(path, &good, &tampered).await;
     assert_eq!(a.json()["error"], "invalid_signature");
 
     let late = slack_event("Ev03STALE");
     let stale = signed(&Scheme::Slack, SLACK_SECRET, &late, "", Some(now() - 400));
-    let a = post(gate.addr, path, &stale, &late).await;
+    let a = gate.post(path, &stale, &late).await;
     assert_eq!(a.status, 400);
     assert_eq!(a.json()["error"], "stale_timestamp");
 
@@ -106,15 +101,16 @@ async fn slack_events_are_forwarded_once_and_retries_are_duplicates() {
 
 #[tokio::test]
 async fn slack_url_verification_reaches_the_app_and_its_answer_comes_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let secret = secret_file(dir.path(), "slack", SLACK_SECRET);
-    let gate = gate_with(&up, dir.path(), provider("slack", "slack", &[secret], "")).await;
+    let gate = GateFixture::provider("slack", Scheme::Slack)
+        .secret(SLACK_SECRET)
+        .start()
+        .await;
+    let up = gate.upstream();
     // No event_id: slack's default on_missing_key is `forward`.
     let body = br#"{"token":"t","challenge":"abc","type":"url_verification"}"#;
     let headers = signed(&Scheme::Slack, SLACK_SECRET, body, "", None);
 
-    let a = post(gate.addr, "/webhooks/slack", &headers, body).await;
+    let a = gate.post("/webhooks/slack", &headers, body).await;
     assert_eq!(a.status, 200);
     assert_eq!(a.result(), "forwarded");
     assert_eq!(a.headers["x-app"], "recorded", "the app's answer");
@@ -126,12 +122,12 @@ async fn slack_url_verification_reaches_the_app_and_its_answer_comes_back() {
 
     // Unkeyed, so not deduplicated: Slack repeats the handshake and the app
     // answers each time.
-    let again = post(gate.addr, "/webhooks/slack", &headers, body).await;
+    let again = gate.post("/webhooks/slack", &headers, body).await;
     assert_eq!(again.json()["call"], 2);
 
     // Still verified, though.
     let forged = signed(&Scheme::Slack, "guess", body, "", None);
-    let a = post(gate.addr, "/webhooks/slack", &forged, body).await;
+    let a = gate.post("/webhooks/slack", &forged, body).await;
     assert_eq!(a.json()["error"], "invalid_signature");
     assert_eq!(up.count(), 2);
     gate.shutdown().await;
@@ -145,14 +141,12 @@ fn twilio(public_url: &str) -> Scheme {
     })
 }
 
-fn twilio_provider(dir: &std::path::Path, name: &str, public_url: &str, extra: &str) -> String {
-    let secret = secret_file(dir, &format!("{name}-token"), TWILIO_TOKEN);
-    provider(
-        name,
-        "twilio",
-        &[secret],
-        &format!("public_url = \"{public_url}\"\n{extra}"),
-    )
+/// `gate` with another Twilio provider, `name`, whose sender calls
+/// `public_url` and signs with `TWILIO_TOKEN`.
+fn add_twilio(gate: GateFixture, name: &str, public_url: &str) -> GateFixture {
+    gate.add_provider(name, twilio(public_url))
+        .secret(TWILIO_TOKEN)
+        .provider_extra(&format!("public_url = \"{public_url}\""))
 }
 
 /// Twilio's headers (signature, idempotency token, form content type) for a
@@ -171,15 +165,15 @@ fn form(pairs: &[(&str, &str)]) -> Vec<u8> {
 
 #[tokio::test]
 async fn twilio_signatures_verify_with_and_without_the_default_port() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let providers = twilio_provider(
-        dir.path(),
+    let both = add_twilio(
+        GateFixture::new(),
         "tw443",
         "https://example.com:443/webhooks/tw",
-        "",
-    ) + &twilio_provider(dir.path(), "tw", "https://example.com/webhooks/tw", "");
-    let gate = gate_with(&up, dir.path(), providers).await;
+    );
+    let gate = add_twilio(both, "tw", "https://example.com/webhooks/tw")
+        .start()
+        .await;
+    let up = gate.upstream();
     let body = form(&[
         ("MessageSid", "SM0001"),
         ("From", "+14158675309"),
@@ -202,10 +196,10 @@ async fn twilio_signatures_verify_with_and_without_the_default_port() {
     ];
     for (path, signed_url, id) in cases {
         let headers = twilio_signed(signed_url, TWILIO_TOKEN, &body, id);
-        let a = post(gate.addr, path, &headers, &body).await;
+        let a = gate.post(path, &headers, &body).await;
         assert_eq!(a.result(), "forwarded", "{path} signed over {signed_url}");
         // Twilio's retry carries the same idempotency token.
-        let a = post(gate.addr, path, &headers, &body).await;
+        let a = gate.post(path, &headers, &body).await;
         assert_eq!(a.result(), "duplicate", "{path} retried");
     }
     assert_eq!(
@@ -223,7 +217,7 @@ async fn twilio_signatures_verify_with_and_without_the_default_port() {
     ];
     for (n, (signed_url, token)) in forgeries.into_iter().enumerate() {
         let headers = twilio_signed(signed_url, token, &body, &format!("forged-{n}"));
-        let a = post(gate.addr, "/webhooks/tw", &headers, &body).await;
+        let a = gate.post("/webhooks/tw", &headers, &body).await;
         assert_eq!(a.json()["error"], "invalid_signature", "{signed_url}");
     }
     assert_eq!(up.count(), 3);
@@ -232,10 +226,10 @@ async fn twilio_signatures_verify_with_and_without_the_default_port() {
 
 #[tokio::test]
 async fn twilio_signs_the_query_and_every_repeated_form_parameter() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let providers = twilio_provider(dir.path(), "tw", "https://example.com/hooks/voice", "");
-    let gate = gate_with(&up, dir.path(), providers).await;
+    let gate = add_twilio(GateFixture::new(), "tw", "https://example.com/hooks/voice")
+        .start()
+        .await;
+    let up = gate.upstream();
     // The request's query is appended to public_url: Twilio signed the URL
     // it called, `?foo=1&bar=2` included.
     let called = "https://example.com/hooks/voice?foo=1&bar=2";
@@ -243,7 +237,7 @@ async fn twilio_signs_the_query_and_every_repeated_form_parameter() {
     let body = b"Sid=CA123&Digits=5678&SidAccount=AC123&Digits=1234";
     let headers = twilio_signed(called, TWILIO_TOKEN, body, "idem-repeated");
 
-    let a = post(gate.addr, path, &headers, body).await;
+    let a = gate.post(path, &headers, body).await;
     assert_eq!(a.result(), "forwarded");
     let got = up.received();
     assert_eq!(got[0].uri, path, "the query is forwarded");
@@ -262,7 +256,7 @@ async fn twilio_signs_the_query_and_every_repeated_form_parameter() {
         ("/webhooks/tw", body),
     ];
     for (path, body) in tampered {
-        let a = post(gate.addr, path, &headers, body).await;
+        let a = gate.post(path, &headers, body).await;
         assert_eq!(
             a.json()["error"],
             "invalid_signature",
@@ -278,16 +272,13 @@ async fn twilio_signs_the_query_and_every_repeated_form_parameter() {
 async fn twilio_official_vectors_verify_through_the_gate() {
     // twilio-python's request validator tests: token 12345, Twilio called
     // https://mycompany.com/myapp.php?foo=1&bar=2.
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let secret = secret_file(dir.path(), "twilio", "12345");
-    let providers = provider(
-        "tw",
-        "twilio",
-        &[secret],
-        "public_url = \"https://mycompany.com/myapp.php\"",
-    );
-    let gate = gate_with(&up, dir.path(), providers).await;
+    let public_url = "https://mycompany.com/myapp.php";
+    let gate = GateFixture::provider("tw", twilio(public_url))
+        .secret("12345")
+        .provider_extra(&format!("public_url = \"{public_url}\""))
+        .start()
+        .await;
+    let up = gate.upstream();
     let call = form(&[
         ("CallSid", "CA1234567890ABCDE"),
         ("Caller", "+14158675309"),
@@ -311,7 +302,7 @@ async fn twilio_official_vectors_verify_through_the_gate() {
             header("I-Twilio-Idempotency-Token", id),
             header("Content-Type", "application/x-www-form-urlencoded"),
         ];
-        let a = post(gate.addr, "/webhooks/tw?foo=1&bar=2", &headers, body).await;
+        let a = gate.post("/webhooks/tw?foo=1&bar=2", &headers, body).await;
         assert_eq!(a.result(), "forwarded", "{signature}");
     }
     assert_eq!(up.count(), 2);
@@ -320,16 +311,12 @@ async fn twilio_official_vectors_verify_through_the_gate() {
 
 #[tokio::test]
 async fn twilio_status_callbacks_are_keyed_on_the_sid_and_the_status() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
     let public_url = "https://example.com/twilio/status";
-    let providers = twilio_provider(
-        dir.path(),
-        "tw",
-        public_url,
-        "key = [\"form:MessageSid\", \"form:MessageStatus\"]",
-    );
-    let gate = gate_with(&up, dir.path(), providers).await;
+    let gate = add_twilio(GateFixture::new(), "tw", public_url)
+        .provider_extra("key = [\"form:MessageSid\", \"form:MessageStatus\"]")
+        .start()
+        .await;
+    let up = gate.upstream();
     let callback = |status: &str| {
         form(&[
             ("AccountSid", "AC0001"),
@@ -364,7 +351,7 @@ async fn twilio_status_callbacks_are_keyed_on_the_sid_and_the_status() {
 
     let forged = callback("failed");
     let headers = twilio_signed(public_url, "guess", &forged, "a4");
-    let a = post(gate.addr, "/webhooks/tw", &headers, &forged).await;
+    let a = gate.post("/webhooks/tw", &headers, &forged).await;
     assert_eq!(a.json()["error"], "invalid_signature");
     assert_eq!(up.count(), 2);
     gate.shutdown().await;
@@ -403,22 +390,19 @@ const SENDGRID_KEY: &str = "key = \"header:X-Test-Event-Id\"";
 
 #[tokio::test]
 async fn sendgrid_deliveries_verify_with_the_public_key() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
     let (key, public) = sendgrid_key(0x2a);
-    let secret = secret_file(dir.path(), "sendgrid", &format!("{public}\n"));
-    let providers = provider("sg", "sendgrid", &[secret], SENDGRID_KEY);
-    let gate = gate_with(&up, dir.path(), providers).await;
+    let gate = GateFixture::provider("sg", Scheme::Sendgrid)
+        .secret(&format!("{public}\n"))
+        .provider_extra(SENDGRID_KEY)
+        .start()
+        .await;
+    let up = gate.upstream();
     let path = "/webhooks/sg";
     let body = sendgrid_events("sg-evt-1");
 
-    let first = post(
-        gate.addr,
-        path,
-        &sendgrid_signed(&key, &body, "batch-1", now()),
-        &body,
-    )
-    .await;
+    let first = gate
+        .post(path, &sendgrid_signed(&key, &body, "batch-1", now()), &body)
+        .await;
     assert_eq!(first.result(), "forwarded");
     let got = up.received();
     assert_eq!(got[0].body.as_ref(), body.as_slice(), "CRLF included");
@@ -426,64 +410,57 @@ async fn sendgrid_deliveries_verify_with_the_public_key() {
 
     // SendGrid's retry is signed again, later.
     let retry = sendgrid_signed(&key, &body, "batch-1", now() - 30);
-    let second = post(gate.addr, path, &retry, &body).await;
+    let second = gate.post(path, &retry, &body).await;
     assert_eq!(second.result(), "duplicate");
     assert_eq!(second.body, first.body);
 
     let (other_key, _) = sendgrid_key(0x17);
     let other = sendgrid_events("sg-evt-2");
     let forged = sendgrid_signed(&other_key, &other, "batch-2", now());
-    let a = post(gate.addr, path, &forged, &other).await;
+    let a = gate.post(path, &forged, &other).await;
     assert_eq!(a.json()["error"], "invalid_signature");
 
     // The timestamp is signed: moving it breaks the signature.
     let mut moved = sendgrid_signed(&key, &other, "batch-2", now() - 400);
     moved[1].1 = now().to_string();
-    let a = post(gate.addr, path, &moved, &other).await;
+    let a = gate.post(path, &moved, &other).await;
     assert_eq!(a.json()["error"], "invalid_signature");
 
     let mut tampered = other.clone();
     tampered.truncate(other.len() - 2);
     let good = sendgrid_signed(&key, &other, "batch-2", now());
-    let a = post(gate.addr, path, &good, &tampered).await;
+    let a = gate.post(path, &good, &tampered).await;
     assert_eq!(a.json()["error"], "invalid_signature", "without the CRLF");
 
     let stale = sendgrid_signed(&key, &other, "batch-2", now() - 400);
-    let a = post(gate.addr, path, &stale, &other).await;
+    let a = gate.post(path, &stale, &other).await;
     assert_eq!(a.status, 400);
     assert_eq!(a.json()["error"], "stale_timestamp");
 
     assert_eq!(up.count(), 1);
     // The genuine batch still gets through after all that.
-    let a = post(gate.addr, path, &good, &other).await;
+    let a = gate.post(path, &good, &other).await;
     assert_eq!(a.result(), "forwarded");
     gate.shutdown().await;
 }
 
 #[tokio::test]
 async fn sign_with_a_private_key_prints_sendgrid_headers_the_gate_accepts() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
     let (key, public) = sendgrid_key(0x2a);
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.providers = provider(
-        "sg",
-        "sendgrid",
-        &[secret_file(dir.path(), "sendgrid", &public)],
-        SENDGRID_KEY,
-    ) + &provider(
-        "shop",
-        "shopify",
-        &[secret_file(dir.path(), "shop", SHOPIFY_SECRET)],
-        "",
-    );
-    let config_path = dir.path().join("gate.toml");
-    std::fs::write(&config_path, config.toml()).unwrap();
+    let up = Upstream::start().await;
+    let fixture = GateFixture::provider("sg", Scheme::Sendgrid)
+        .secret(&public)
+        .provider_extra(SENDGRID_KEY)
+        .add_provider("shop", Scheme::Shopify)
+        .secret(SHOPIFY_SECRET)
+        .upstream(&up);
+    let dir = fixture.dir();
+    let config_path = fixture.config_file();
     let body = sendgrid_events("sg-cli-1");
-    let body_path = dir.path().join("events.json");
+    let body_path = dir.join("events.json");
     std::fs::write(&body_path, &body).unwrap();
     let pem = key.to_pkcs8_pem(LineEnding::LF).unwrap();
-    let key_path = dir.path().join("sendgrid.pem");
+    let key_path = dir.join("sendgrid.pem");
     std::fs::write(&key_path, pem.as_bytes()).unwrap();
     let sign = |provider: &str, private_key: Option<&std::path::Path>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hookgate"));
@@ -513,8 +490,8 @@ async fn sign_with_a_private_key_prints_sendgrid_headers_the_gate_accepts() {
         .collect();
     assert_eq!(headers.len(), 2, "{stdout}");
     headers.push(header("X-Test-Event-Id", "cli-batch-1"));
-    let gate = gate::start(&config).await;
-    let a = post(gate.addr, "/webhooks/sg", &headers, &body).await;
+    let gate = fixture.clone().start().await;
+    let a = gate.post("/webhooks/sg", &headers, &body).await;
     assert_eq!(a.result(), "forwarded");
     assert_eq!(up.received()[0].body.as_ref(), body.as_slice());
     gate.shutdown().await;
@@ -527,7 +504,7 @@ async fn sign_with_a_private_key_prints_sendgrid_headers_the_gate_accepts() {
 
     // A key that is not the configured one signs, with a warning.
     let (other, _) = sendgrid_key(0x17);
-    let other_path = dir.path().join("other.der");
+    let other_path = dir.join("other.der");
     std::fs::write(&other_path, other.to_pkcs8_der().unwrap().as_bytes()).unwrap();
     let (code, stdout, stderr) = sign("sg", Some(&other_path));
     assert_eq!(code, Some(0), "{stderr}");
@@ -536,7 +513,7 @@ async fn sign_with_a_private_key_prints_sendgrid_headers_the_gate_accepts() {
 
     // An unusable key file fails without echoing a byte of it.
     let marker = "PRIVATE_KEY_MATERIAL_do_not_print";
-    let bad_path = dir.path().join("bad.pem");
+    let bad_path = dir.join("bad.pem");
     std::fs::write(
         &bad_path,
         format!("-----BEGIN PRIVATE KEY-----\n{marker}\n-----END PRIVATE KEY-----\n"),
@@ -547,7 +524,7 @@ async fn sign_with_a_private_key_prints_sendgrid_headers_the_gate_accepts() {
     assert!(stdout.is_empty(), "{stdout}");
     assert!(stderr.contains("P-256"), "{stderr}");
     assert!(!stderr.contains(marker), "{stderr}");
-    let missing = dir.path().join("missing.pem");
+    let missing = dir.join("missing.pem");
     let (code, _, stderr) = sign("sg", Some(&missing));
     assert_eq!(code, Some(1));
     assert!(stderr.contains("missing.pem"), "{stderr}");
@@ -566,26 +543,27 @@ async fn sign_with_a_private_key_prints_sendgrid_headers_the_gate_accepts() {
 
 #[tokio::test]
 async fn shopify_deliveries_are_keyed_on_the_webhook_id() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let secret = secret_file(dir.path(), "shop", SHOPIFY_SECRET);
-    let gate = gate_with(&up, dir.path(), provider("shop", "shopify", &[secret], "")).await;
+    let gate = GateFixture::provider("shop", Scheme::Shopify)
+        .secret(SHOPIFY_SECRET)
+        .start()
+        .await;
+    let up = gate.upstream();
     let path = "/webhooks/shop";
     let body = br#"{"id":820982911946154508,"email":"jon@example.com","total_price":"10.00"}"#;
 
-    let first = post(
-        gate.addr,
-        path,
-        &signed(
-            &Scheme::Shopify,
-            SHOPIFY_SECRET,
+    let first = gate
+        .post(
+            path,
+            &signed(
+                &Scheme::Shopify,
+                SHOPIFY_SECRET,
+                body,
+                "b54557e4-bdd9-4b37",
+                None,
+            ),
             body,
-            "b54557e4-bdd9-4b37",
-            None,
-        ),
-        body,
-    )
-    .await;
+        )
+        .await;
     assert_eq!(first.result(), "forwarded");
     assert_eq!(
         up.received()[0].headers["hookgate-event-key"],
@@ -598,7 +576,7 @@ async fn shopify_deliveries_are_keyed_on_the_webhook_id() {
         "B54557E4-BDD9-4B37",
         None,
     );
-    let a = post(gate.addr, path, &retry, body).await;
+    let a = gate.post(path, &retry, body).await;
     assert_eq!(a.result(), "duplicate", "the same webhook id, normalized");
     assert_eq!(a.body, first.body);
 
@@ -611,10 +589,7 @@ async fn shopify_deliveries_are_keyed_on_the_webhook_id() {
         "0f1e2d3c-other",
         None,
     );
-    assert_eq!(
-        post(gate.addr, path, &other, body).await.result(),
-        "forwarded"
-    );
+    assert_eq!(gate.post(path, &other, body).await.result(), "forwarded");
 
     // Newer "Events" deliveries send the same headers without `X-`.
     let unprefixed: Vec<_> = signed(&Scheme::Shopify, SHOPIFY_SECRET, body, "events-1", None)
@@ -622,7 +597,7 @@ async fn shopify_deliveries_are_keyed_on_the_webhook_id() {
         .map(|(k, v)| (k.strip_prefix("X-").unwrap_or(&k).to_owned(), v))
         .collect();
     assert!(unprefixed.iter().any(|(k, _)| k == "Shopify-Webhook-Id"));
-    let a = post(gate.addr, path, &unprefixed, body).await;
+    let a = gate.post(path, &unprefixed, body).await;
     assert_eq!(a.result(), "forwarded");
     assert_eq!(
         up.received()[2].headers["hookgate-event-key"],
@@ -630,12 +605,12 @@ async fn shopify_deliveries_are_keyed_on_the_webhook_id() {
     );
 
     let forged = signed(&Scheme::Shopify, "shpss_guess", body, "forged-1", None);
-    let a = post(gate.addr, path, &forged, body).await;
+    let a = gate.post(path, &forged, body).await;
     assert_eq!(a.json()["error"], "invalid_signature");
     let mut tampered = body.to_vec();
     tampered[10] = b'7';
     let good = signed(&Scheme::Shopify, SHOPIFY_SECRET, body, "forged-2", None);
-    let a = post(gate.addr, path, &good, &tampered).await;
+    let a = gate.post(path, &good, &tampered).await;
     assert_eq!(a.json()["error"], "invalid_signature");
 
     // Without a webhook id there is nothing to deduplicate on.
@@ -643,7 +618,7 @@ async fn shopify_deliveries_are_keyed_on_the_webhook_id() {
         .into_iter()
         .filter(|(k, _)| !k.eq_ignore_ascii_case("X-Shopify-Webhook-Id"))
         .collect();
-    let a = post(gate.addr, path, &keyless, body).await;
+    let a = gate.post(path, &keyless, body).await;
     assert_eq!(a.json()["error"], "missing_key");
     assert_eq!(up.count(), 3);
     gate.shutdown().await;
