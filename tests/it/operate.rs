@@ -6,11 +6,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hookgate::provider::Scheme;
-use http::Method;
 
-use crate::support::gate::{
-    self, GateConfig, SECRET, post, provider, secret_file, signed, stripe_event,
-};
+use crate::support::fixture::{GateFixture, StoreConfig};
+use crate::support::gate::{SECRET, post, signed, stripe_event};
 use crate::support::redis_server::RedisServer;
 use crate::support::upstream::{Behavior, Upstream};
 
@@ -24,31 +22,21 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-async fn admin(addr: std::net::SocketAddr, path: &str) -> gate::Answer {
-    gate::send(addr, Method::GET, path, &[], "").await
-}
-
 #[tokio::test]
 async fn metrics_count_known_traffic() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    let old = secret_file(dir.path(), "old", "old-secret");
-    let new = secret_file(dir.path(), "new", SECRET);
-    config.providers = provider("stripe", "stripe", &[new, old], "");
-    let gate = gate::start(&config).await;
-    let send = |id: &str, secret: &str| {
+    let gate = GateFixture::stripe().secret("old-secret").start().await;
+    for (id, secret) in [
+        ("evt_m1", SECRET),
+        ("evt_m1", SECRET),
+        ("evt_m2", "old-secret"),
+        ("evt_m3", "nobody's"),
+    ] {
         let body = stripe_event(id);
         let headers = signed(&Scheme::Stripe, secret, &body, "", None);
-        let addr = gate.addr;
-        async move { post(addr, "/webhooks/stripe", &headers, &body).await }
-    };
-    send("evt_m1", SECRET).await;
-    send("evt_m1", SECRET).await;
-    send("evt_m2", "old-secret").await;
-    send("evt_m3", "nobody's").await;
+        gate.post("/webhooks/stripe", &headers, &body).await;
+    }
 
-    let m = admin(gate.admin_addr, "/metrics").await;
+    let m = gate.admin("/metrics").await;
     assert_eq!(m.status, 200);
     let text = String::from_utf8_lossy(&m.body);
     let count =
@@ -94,39 +82,27 @@ async fn metrics_count_known_traffic() {
         2.0
     );
     assert!(!text.contains(SECRET) && !text.contains("old-secret"));
-    assert_eq!(admin(gate.admin_addr, "/healthz").await.status, 200);
+    assert_eq!(gate.admin("/healthz").await.status, 200);
     gate.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_store() {
     let mut redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\nlease = \"5s\"\ntimeout = \"500ms\"\n",
-        redis.url()
-    );
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let gate = gate::start(&config).await;
-    assert_eq!(admin(gate.admin_addr, "/readyz").await.status, 200);
+    let store = StoreConfig::on(&redis).timeout("500ms");
+    let gate = GateFixture::stripe().store(store).start().await;
+    assert_eq!(gate.admin("/readyz").await.status, 200);
     redis.kill();
-    assert_eq!(admin(gate.admin_addr, "/readyz").await.status, 503);
+    assert_eq!(gate.admin("/readyz").await.status, 503);
     assert_eq!(
-        admin(gate.admin_addr, "/healthz").await.status,
+        gate.admin("/healthz").await.status,
         200,
         "alive while not ready"
     );
     redis.restart();
     let mut status = 0;
     for _ in 0..50 {
-        status = admin(gate.admin_addr, "/readyz").await.status.as_u16();
+        status = gate.admin("/readyz").await.status.as_u16();
         if status == 200 {
             break;
         }
@@ -138,23 +114,19 @@ async fn readiness_follows_the_store() {
 
 #[tokio::test]
 async fn a_burst_gets_429_while_another_provider_is_unaffected() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    let s = secret_file(dir.path(), "s", SECRET);
-    config.providers = provider(
-        "limited",
-        "stripe",
-        std::slice::from_ref(&s),
-        "rate_limit = { per_second = 1, burst = 3 }",
-    ) + &provider("free", "stripe", &[s], "");
-    let gate = gate::start(&config).await;
+    let gate = GateFixture::provider("limited", Scheme::Stripe)
+        .secret(SECRET)
+        .provider_extra("rate_limit = { per_second = 1, burst = 3 }")
+        .add_provider("free", Scheme::Stripe)
+        .secret(SECRET)
+        .start()
+        .await;
     let mut limited = Vec::new();
     for n in 0..6 {
         let body = stripe_event(&format!("evt_burst_{n}"));
-        let h = signed(&Scheme::Stripe, SECRET, &body, "", None);
-        limited.push(post(gate.addr, "/webhooks/limited", &h, &body).await);
-        let free = post(gate.addr, "/webhooks/free", &h, &body).await;
+        let h = gate.sign(&body);
+        limited.push(gate.post("/webhooks/limited", &h, &body).await);
+        let free = gate.post("/webhooks/free", &h, &body).await;
         assert_eq!(
             free.result(),
             "forwarded",
@@ -175,20 +147,14 @@ async fn a_burst_gets_429_while_another_provider_is_unaffected() {
 
 #[tokio::test]
 async fn sources_are_limited_each_on_their_own() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.extra = "client_ip_header = \"X-Forwarded-For\"\nper_source_rate_limit = { per_second = 1, burst = 1 }\n".into();
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let gate = gate::start(&config).await;
+    let gate = GateFixture::stripe()
+        .server_extra("client_ip_header = \"X-Forwarded-For\"")
+        .server_extra("per_source_rate_limit = { per_second = 1, burst = 1 }")
+        .start()
+        .await;
     let send = |n: usize, source: &str| {
         let body = stripe_event(&format!("evt_src_{n}"));
-        let mut h = signed(&Scheme::Stripe, SECRET, &body, "", None);
+        let mut h = gate.sign(&body);
         h.push(("x-forwarded-for".into(), source.into()));
         let addr = gate.addr;
         async move { post(addr, "/webhooks/stripe", &h, &body).await.status }
@@ -201,17 +167,10 @@ async fn sources_are_limited_each_on_their_own() {
 
 #[tokio::test]
 async fn a_slowloris_client_is_cut_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.extra = "read_timeout = \"1s\"\n".into();
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let gate = gate::start(&config).await;
+    let gate = GateFixture::stripe()
+        .server_extra("read_timeout = \"1s\"")
+        .start()
+        .await;
     let addr = gate.addr;
     let outcome = tokio::task::spawn_blocking(move || {
         let mut stream = std::net::TcpStream::connect(addr).unwrap();
@@ -258,38 +217,17 @@ async fn a_slowloris_client_is_cut_off() {
         "the connection was still open after {:?}",
         outcome.1
     );
-    assert_eq!(up.count(), 0);
+    assert_eq!(gate.upstream().count(), 0);
     gate.shutdown().await;
 }
 
 #[tokio::test]
 async fn keys_forget_lets_the_redelivery_through() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let path = dir.path().join("gate.toml");
-    std::fs::write(&path, config.toml()).unwrap();
-    let gate = gate::start(&config).await;
+    let gate = GateFixture::stripe().start().await;
+    let path = gate.fixture().config_file();
     let body = stripe_event("evt_Forget");
-    let h = signed(&Scheme::Stripe, SECRET, &body, "", None);
-    assert_eq!(
-        post(gate.addr, "/webhooks/stripe", &h, &body)
-            .await
-            .result(),
-        "forwarded"
-    );
-    assert_eq!(
-        post(gate.addr, "/webhooks/stripe", &h, &body)
-            .await
-            .result(),
-        "duplicate"
-    );
+    assert_eq!(gate.deliver(&body).await.result(), "forwarded");
+    assert_eq!(gate.deliver(&body).await.result(), "duplicate");
 
     let get = hookgate()
         .args([
@@ -327,13 +265,8 @@ async fn keys_forget_lets_the_redelivery_through() {
     );
     assert!(String::from_utf8_lossy(&forget.stdout).contains("forgotten"));
 
-    assert_eq!(
-        post(gate.addr, "/webhooks/stripe", &h, &body)
-            .await
-            .result(),
-        "forwarded"
-    );
-    assert_eq!(up.count(), 2);
+    assert_eq!(gate.deliver(&body).await.result(), "forwarded");
+    assert_eq!(gate.upstream().count(), 2);
     gate.shutdown().await;
 }
 
@@ -362,24 +295,17 @@ fn demo_runs_on_a_bare_machine_and_exits_0() {
 
 #[tokio::test]
 async fn sigterm_during_a_slow_call_lets_it_finish_and_be_marked() {
-    let dir = tempfile::tempdir().unwrap();
     let up = Upstream::start().await;
     up.set(Behavior::Stall(Duration::from_millis(1500)));
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let path = dir.path().join("gate.toml");
-    std::fs::write(&path, config.toml()).unwrap();
-    let (child, addr) = crate::cli::Child::spawn(&path);
+    let fixture = GateFixture::stripe().upstream(&up);
+    let (child, addr) = crate::cli::Child::spawn(&fixture.config_file());
 
     let body = stripe_event("evt_sigterm");
-    let h = signed(&Scheme::Stripe, SECRET, &body, "", None);
     let delivery = tokio::spawn({
-        let (h, body) = (h.clone(), body.clone());
+        let (h, body) = (
+            signed(&Scheme::Stripe, SECRET, &body, "", None),
+            body.clone(),
+        );
         async move { post(addr, "/webhooks/stripe", &h, &body).await }
     });
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -392,13 +318,8 @@ async fn sigterm_during_a_slow_call_lets_it_finish_and_be_marked() {
 
     // The mark landed: a gate on the same store sees a duplicate.
     up.set(Behavior::Status(200));
-    let gate = gate::start(&config).await;
-    assert_eq!(
-        post(gate.addr, "/webhooks/stripe", &h, &body)
-            .await
-            .result(),
-        "duplicate"
-    );
+    let gate = fixture.start().await;
+    assert_eq!(gate.deliver(&body).await.result(), "duplicate");
     assert_eq!(up.count(), 1);
     gate.shutdown().await;
 }

@@ -3,41 +3,23 @@
 
 use std::time::Duration;
 
-use hookgate::provider::Scheme;
-
-use crate::support::gate::{
-    self, GateConfig, SECRET, post, provider, secret_file, signed, stripe_event,
-};
+use crate::support::fixture::{Gate, GateFixture, StoreConfig};
+use crate::support::gate::{post, stripe_event};
 use crate::support::redis_server::RedisServer;
-use crate::support::upstream::{Behavior, Upstream};
+use crate::support::upstream::Behavior;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_is_503_with_nothing_forwarded_then_recovers() {
     let mut redis = RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\nlease = \"5s\"\ntimeout = \"500ms\"\n",
-        redis.url()
-    );
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let gate = gate::start(&config).await;
-    let send = |id: &'static str| {
-        let body = stripe_event(id);
-        let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
-        let addr = gate.addr;
-        async move { post(addr, "/webhooks/stripe", &headers, &body).await }
-    };
-    assert_eq!(send("evt_before").await.result(), "forwarded");
+    let store = StoreConfig::on(&redis).timeout("500ms");
+    let gate = GateFixture::stripe().store(store).start().await;
+    let up = gate.upstream();
+    let before = gate.deliver(&stripe_event("evt_before")).await;
+    assert_eq!(before.result(), "forwarded");
 
     redis.kill();
-    let down = send("evt_during").await;
+    let during = stripe_event("evt_during");
+    let down = gate.deliver(&during).await;
     assert_eq!(down.status, 503);
     assert_eq!(down.json()["error"], "store_unavailable");
     assert!(down.headers.contains_key("retry-after"));
@@ -46,8 +28,7 @@ async fn redis_down_is_503_with_nothing_forwarded_then_recovers() {
     redis.restart();
     let mut last = String::new();
     for _ in 0..50 {
-        let a = send("evt_during").await;
-        last = a.result().to_owned();
+        last = gate.deliver(&during).await.result().to_owned();
         if last == "forwarded" {
             break;
         }
@@ -64,35 +45,19 @@ async fn redis_down_is_503_with_nothing_forwarded_then_recovers() {
 /// the mark cannot land and is being retried.
 struct PendingMark {
     redis: RedisServer,
-    up: Upstream,
-    config: GateConfig,
-    gate: hookgate::Running,
-    headers: Vec<(String, String)>,
+    gate: Gate,
     body: Vec<u8>,
-    _dir: tempfile::TempDir,
 }
 
 async fn a_mark_left_pending(event: &str, stall: Duration) -> PendingMark {
     let mut redis = RedisServer::start_with_aof();
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
+    let store = StoreConfig::on(&redis).lease("10s").timeout("300ms");
+    let gate = GateFixture::stripe().store(store).start().await;
+    let up = gate.upstream();
     up.set(Behavior::Stall(stall));
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\nlease = \"10s\"\ntimeout = \"300ms\"\n",
-        redis.url()
-    );
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let gate = gate::start(&config).await;
     let body = stripe_event(event);
-    let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
     let first = {
-        let (addr, headers, body) = (gate.addr, headers.clone(), body.clone());
+        let (addr, headers, body) = (gate.addr, gate.sign(&body), body.clone());
         tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
     };
     // Kill the store while the app holds the call.
@@ -102,15 +67,7 @@ async fn a_mark_left_pending(event: &str, stall: Duration) -> PendingMark {
     redis.kill();
     let answered = first.await.unwrap();
     assert_eq!(answered.result(), "forwarded", "the app did the work");
-    PendingMark {
-        redis,
-        up,
-        config,
-        gate,
-        headers,
-        body,
-        _dir: dir,
-    }
+    PendingMark { redis, gate, body }
 }
 
 /// The app answered 2xx, then the store went down for longer than the old
@@ -125,7 +82,7 @@ async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
     // The mark lands within the lease; the copy is answered from the store.
     let mut last = String::new();
     for _ in 0..40 {
-        let copy = post(m.gate.addr, "/webhooks/stripe", &m.headers, &m.body).await;
+        let copy = m.gate.deliver(&m.body).await;
         last = copy.result().to_owned();
         if last == "duplicate" {
             break;
@@ -134,7 +91,7 @@ async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(last, "duplicate");
-    assert_eq!(m.up.count(), 1);
+    assert_eq!(m.gate.upstream().count(), 1);
     m.gate.shutdown().await;
 }
 
@@ -144,15 +101,12 @@ async fn a_mark_outlives_a_store_outage_shorter_than_the_lease() {
 async fn shutdown_waits_for_a_mark_being_retried() {
     let PendingMark {
         mut redis,
-        up,
-        config,
         gate,
-        headers,
         body,
-        _dir,
     } = a_mark_left_pending("evt_sigterm_mark", Duration::from_millis(300)).await;
 
     // Shut down with the mark pending; the store is back within the grace.
+    let config = gate.fixture().clone();
     let stopping = tokio::spawn(gate.shutdown());
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(
@@ -162,9 +116,9 @@ async fn shutdown_waits_for_a_mark_being_retried() {
     redis.restart();
     stopping.await.unwrap();
 
-    let again = gate::start(&config).await;
-    let copy = post(again.addr, "/webhooks/stripe", &headers, &body).await;
+    let again = config.start().await;
+    let copy = again.deliver(&body).await;
     assert_eq!(copy.result(), "duplicate");
-    assert_eq!(up.count(), 1);
+    assert_eq!(again.upstream().count(), 1);
     again.shutdown().await;
 }

@@ -4,14 +4,10 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use hookgate::provider::Scheme;
-use http::Method;
-
-use crate::support::gate::{
-    self, GateConfig, SECRET, post, provider, secret_file, signed, stripe_event,
-};
+use crate::support::fixture::{GateFixture, StoreConfig};
+use crate::support::gate::stripe_event;
 use crate::support::postgres_server::PostgresServer;
-use crate::support::upstream::Upstream;
+use crate::support::store_server::StoreServer;
 
 fn keys(config: &std::path::Path, action: &str, key: &str) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hookgate"))
@@ -21,47 +17,21 @@ fn keys(config: &std::path::Path, action: &str, key: &str) -> Output {
         .unwrap()
 }
 
-async fn readyz(gate: &hookgate::Running) -> u16 {
-    gate::send(gate.admin_addr, Method::GET, "/readyz", &[], "")
-        .await
-        .status
-        .as_u16()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_runs_on_postgres_fails_closed_and_recovers() {
     let mut pg = PostgresServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let up = Upstream::start().await;
-    let mut config = GateConfig::new(&up.url(), dir.path());
-    config.store = format!(
-        "backend = \"postgres\"\nurl = \"{}\"\nlease = \"5s\"\ntimeout = \"1s\"\n",
-        pg.url()
-    );
-    config.providers = provider(
-        "stripe",
-        "stripe",
-        &[secret_file(dir.path(), "s", SECRET)],
-        "",
-    );
-    let path = dir.path().join("gate.toml");
-    std::fs::write(&path, config.toml()).unwrap();
-    let gate = gate::start(&config).await;
-    let send = |id: &'static str| {
-        let body = stripe_event(id);
-        let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
-        let addr = gate.addr;
-        async move { post(addr, "/webhooks/stripe", &headers, &body).await }
-    };
-    assert_eq!(readyz(&gate).await, 200);
-    assert_eq!(send("evt_pg").await.result(), "forwarded");
-    assert_eq!(send("evt_pg").await.result(), "duplicate");
+    let store = StoreConfig::on(&pg).timeout(PostgresServer::GATE_TIMEOUT);
+    let gate = GateFixture::stripe().store(store).start().await;
+    let path = gate.fixture().config_file();
+    let body = stripe_event("evt_pg");
+    assert_eq!(gate.admin("/readyz").await.status, 200);
+    assert_eq!(gate.deliver(&body).await.result(), "forwarded");
+    assert_eq!(gate.deliver(&body).await.result(), "duplicate");
 
     // Partition maintenance reports its health on /metrics.
     let mut text = String::new();
     for _ in 0..30 {
-        let m = gate::send(gate.admin_addr, Method::GET, "/metrics", &[], "").await;
-        text = String::from_utf8_lossy(&m.body).into_owned();
+        text = gate.metrics().await;
         if text.contains("hookgate_postgres_partitions_ahead 3") {
             break;
         }
@@ -92,27 +62,32 @@ async fn the_gate_runs_on_postgres_fails_closed_and_recovers() {
         "{}",
         String::from_utf8_lossy(&forget.stderr)
     );
-    assert_eq!(send("evt_pg").await.result(), "forwarded");
-    assert_eq!(up.count(), 2);
+    assert_eq!(gate.deliver(&body).await.result(), "forwarded");
+    assert_eq!(gate.upstream().count(), 2);
 
     pg.kill();
-    assert_eq!(readyz(&gate).await, 503);
-    let down = send("evt_pg_during").await;
+    assert_eq!(gate.admin("/readyz").await.status, 503);
+    let during = stripe_event("evt_pg_during");
+    let down = gate.deliver(&during).await;
     assert_eq!(down.status, 503);
     assert_eq!(down.json()["error"], "store_unavailable");
-    assert_eq!(up.count(), 2, "nothing forwarded without a claim");
+    assert_eq!(
+        gate.upstream().count(),
+        2,
+        "nothing forwarded without a claim"
+    );
 
     pg.restart();
     let mut last = String::new();
     for _ in 0..50 {
-        last = send("evt_pg_during").await.result().to_owned();
+        last = gate.deliver(&during).await.result().to_owned();
         if last == "forwarded" {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(last, "forwarded", "recovered without a restart");
-    assert_eq!(readyz(&gate).await, 200);
-    assert_eq!(up.count(), 3);
+    assert_eq!(gate.admin("/readyz").await.status, 200);
+    assert_eq!(gate.upstream().count(), 3);
     gate.shutdown().await;
 }

@@ -1,72 +1,18 @@
-//! Starts the real gate in-process on port 0, through the same `start`
-//! that `main` calls, and talks to it over real HTTP.
+//! Talking to a gate over real HTTP, and signing what is sent to it as a
+//! real sender would. (`fixture` sets gates up.)
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use hookgate::provider::Scheme;
-use hookgate::{Running, config};
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-/// A test secret, written to a file the config points at.
+/// The test secret `GateFixture::stripe()` configures and signs with.
 pub const SECRET: &str = "whsec_test_secret_do_not_log_5f3a9c";
-
-/// A gate configured for tests: the store and providers vary, the rest is
-/// fixed (port 0, the given upstream, short timeouts).
-pub struct GateConfig {
-    pub upstream: String,
-    pub store: String,
-    pub providers: String,
-    pub extra: String,
-}
-
-impl GateConfig {
-    pub fn new(upstream: &str, dir: &Path) -> Self {
-        Self {
-            upstream: format!("url = \"{upstream}\"\ntimeout = \"2s\"\n"),
-            store: format!(
-                "backend = \"sqlite\"\npath = \"{}\"\nlease = \"5s\"\n",
-                dir.join("gate.db").display()
-            ),
-            providers: String::new(),
-            extra: String::new(),
-        }
-    }
-
-    pub fn toml(&self) -> String {
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nshutdown_grace = \"2s\"\n{}\n[upstream]\n{}\n[store]\n{}\n{}\n",
-            self.extra, self.upstream, self.store, self.providers
-        )
-    }
-}
-
-/// Writes `value` to a secret file in `dir` and returns its `file:` source.
-pub fn secret_file(dir: &Path, name: &str, value: &str) -> String {
-    let path: PathBuf = dir.join(name);
-    std::fs::write(&path, value).unwrap();
-    format!("file:{}", path.display())
-}
-
-/// A provider section.
-pub fn provider(name: &str, scheme: &str, secrets: &[String], extra: &str) -> String {
-    let list: Vec<String> = secrets.iter().map(|s| format!("\"{s}\"")).collect();
-    format!(
-        "[providers.{name}]\nscheme = \"{scheme}\"\npath = \"/webhooks/{name}\"\nsecrets = [{}]\n{extra}\n",
-        list.join(", ")
-    )
-}
-
-pub async fn start(config: &GateConfig) -> Running {
-    let settings = config::load(&config::figment_from_str(&config.toml()))
-        .unwrap_or_else(|e| panic!("test config invalid:\n{e}\n---\n{}", config.toml()));
-    hookgate::start(settings).await.expect("gate starts")
-}
 
 /// An HTTP answer, fully read.
 #[derive(Debug)]
