@@ -1,9 +1,23 @@
 //! The store conformance suite (SPEC section 4): one set of test functions,
 //! generic over the backend, run against memory, sqlite, redis and postgres
 //! alike. A backend that passes them is interchangeable. Backend-specific
-//! behaviour (durability, faults, eviction, partitions) is tested in the
-//! submodules.
+//! behaviour (durability, eviction, partitions) is tested in the submodules;
+//! `faults` runs one fault suite against both servers.
 
+/// One test per generic test function `super::$test`, run with `$param`
+/// (a harness, a server): what makes a suite run against each backend.
+macro_rules! instantiate {
+    ($param:ty; $($test:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $test() {
+                super::$test::<$param>().await;
+            }
+        )*
+    };
+}
+
+mod faults;
 mod harness;
 mod memory_lru;
 mod postgres_gate;
@@ -24,7 +38,7 @@ macro_rules! conformance {
     ($backend:ident, $harness:ty) => {
         mod $backend {
             use super::harness::*;
-            conformance!(@tests $harness;
+            instantiate!($harness;
                 claim_fresh_then_in_flight,
                 in_flight_with_other_fingerprint_is_mismatch,
                 empty_fingerprint_disables_mismatch,
@@ -43,14 +57,6 @@ macro_rules! conformance {
                 providers_do_not_collide,
             );
         }
-    };
-    (@tests $harness:ty; $($test:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $test() {
-                super::$test::<$harness>().await;
-            }
-        )*
     };
 }
 

@@ -117,7 +117,7 @@ impl Harness for RedisHarness {
     }
 }
 
-async fn open_redis(url: &str) -> RedisStore {
+pub async fn open_redis(url: &str) -> RedisStore {
     RedisStore::open(url, REDIS_PREFIX, REDIS_OP_TIMEOUT)
         .await
         .expect("open redis store")
@@ -175,6 +175,15 @@ pub fn fresh(claim: Claim) -> LeaseToken {
         Claim::Fresh(token) => token,
         other => panic!("expected a fresh claim, got {other:?}"),
     }
+}
+
+/// Claims `key` fresh and completes it with `snapshot()`; returns the
+/// token that did.
+pub async fn claim_and_complete(store: &impl Backend, key: &ScopedKey) -> LeaseToken {
+    let token = fresh(store.claim(key, "fp", LONG).await.unwrap());
+    let done = store.complete(key, &token, &snapshot(), RETAIN).await;
+    assert!(done.unwrap(), "{key} was not completed");
+    token
 }
 
 /// 50 tasks claim each key at once, spread over `stores`: exactly one wins.

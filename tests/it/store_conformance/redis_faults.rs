@@ -1,47 +1,22 @@
-//! Redis-only behaviour: the key layout, the script cache, and what happens
-//! when the server goes away and comes back under a running store.
+//! Redis-only behaviour: the key layout, the script cache, URLs, and a
+//! password that the server starts to require. (Killing and restarting the
+//! server is the shared fault suite's, in `faults`.)
 
-use std::time::{Duration, Instant};
+use hookgate::store::{Backend, Claim, Existing, RedisStore, ScopedKey, Store};
 
-use hookgate::store::{
-    Backend, BackendSettings, Claim, Existing, RedisStore, ScopedKey, Store, StoreSettings,
-};
-
-use super::harness::{LONG, REDIS_OP_TIMEOUT, REDIS_PREFIX, RETAIN, fresh, key, snapshot};
+use super::faults::{FaultServer, OP_TIMEOUT, until_ping_answers};
+use super::harness::{LONG, REDIS_PREFIX, RETAIN, fresh, key, open_redis, snapshot};
 use crate::support::redis_server::RedisServer;
-
-const OP_TIMEOUT: Duration = Duration::from_millis(500);
-
-fn settings(url: String) -> StoreSettings {
-    StoreSettings {
-        backend: BackendSettings::Redis {
-            url,
-            prefix: REDIS_PREFIX.into(),
-        },
-        op_timeout: OP_TIMEOUT,
-    }
-}
 
 async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     let client = redis::Client::open(server.url()).unwrap();
     client.get_multiplexed_async_connection().await.unwrap()
 }
 
-/// Polls `ping` until it answers; the store must heal without reopening.
-async fn until_ping_answers(store: &Store) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Err(error) = store.ping().await {
-        assert!(Instant::now() < deadline, "store did not recover: {error}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keys_are_prefixed_hashes_with_ttls() {
     let server = RedisServer::start();
-    let store = RedisStore::open(&server.url(), REDIS_PREFIX, REDIS_OP_TIMEOUT)
-        .await
-        .unwrap();
+    let store = open_redis(&server.url()).await;
     let token = fresh(
         store
             .claim(&ScopedKey::new("github", "d-1"), "fp", LONG)
@@ -85,9 +60,7 @@ async fn keys_are_prefixed_hashes_with_ttls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn scripts_reload_after_script_flush() {
     let server = RedisServer::start();
-    let store = RedisStore::open(&server.url(), REDIS_PREFIX, REDIS_OP_TIMEOUT)
-        .await
-        .unwrap();
+    let store = open_redis(&server.url()).await;
     let token = fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
     let mut raw = raw(&server).await;
     let () = redis::cmd("SCRIPT")
@@ -104,62 +77,6 @@ async fn scripts_reload_after_script_flush() {
     );
     let claim = store.claim(&key("evt_1"), "fp", LONG).await.unwrap();
     assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn killed_server_fails_fast_and_restart_heals() {
-    let mut server = RedisServer::start();
-    let store = Store::open(&settings(server.url())).await.unwrap();
-    fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
-
-    server.kill();
-    for _ in 0..3 {
-        let started = Instant::now();
-        let result = store.claim(&key("evt_2"), "fp", LONG).await;
-        assert!(
-            result.is_err(),
-            "claim succeeded with redis down: {result:?}"
-        );
-        assert!(started.elapsed() < OP_TIMEOUT + Duration::from_millis(250));
-        assert!(store.ping().await.is_err());
-    }
-
-    server.restart();
-    until_ping_answers(&store).await;
-    // Nothing was persisted, so the restarted server starts empty.
-    fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn opens_while_redis_is_down() {
-    let mut server = RedisServer::start();
-    server.kill();
-    let store = Store::open(&settings(server.url()))
-        .await
-        .expect("open must not need redis");
-    assert_eq!(store.backend_name(), "redis");
-    assert!(store.ping().await.is_err());
-
-    server.restart();
-    until_ping_answers(&store).await;
-    fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn errors_never_show_the_password() {
-    const PASSWORD: &str = "s3cr3t-Pa55word";
-    let mut server = RedisServer::start();
-    let url = server
-        .url()
-        .replace("redis://", &format!("redis://:{PASSWORD}@"));
-    let store = Store::open(&settings(url)).await.unwrap();
-
-    // The server has no password: AUTH is refused.
-    let err = store.claim(&key("evt_1"), "fp", LONG).await.unwrap_err();
-    assert!(!format!("{err} {err:?}").contains(PASSWORD), "{err:?}");
-    server.kill();
-    let err = store.claim(&key("evt_1"), "fp", LONG).await.unwrap_err();
-    assert!(!format!("{err} {err:?}").contains(PASSWORD), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -184,7 +101,7 @@ async fn bad_urls_are_clear_errors() {
 async fn refused_auth_heals_once_the_server_accepts_the_password() {
     let server = RedisServer::start();
     let url = server.url().replace("redis://", "redis://:rotated-secret@");
-    let store = Store::open(&settings(url)).await.unwrap();
+    let store = Store::open(&RedisServer::settings(url)).await.unwrap();
     assert!(
         store.ping().await.is_err(),
         "the server has no password yet"
@@ -198,6 +115,6 @@ async fn refused_auth_heals_once_the_server_accepts_the_password() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    until_ping_answers(&store).await;
+    until_ping_answers::<RedisServer>(&store).await;
     fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
 }

@@ -116,6 +116,12 @@ impl PostgresServer {
         format!("postgres://postgres@127.0.0.1:{}/{DATABASE}", self.port)
     }
 
+    /// Always: a commit acknowledged before `kill` is there after `restart`
+    /// (see `try_start`).
+    pub fn persists(&self) -> bool {
+        true
+    }
+
     /// Stops the server at once (SIGQUIT: no checkpoint, like a crash) and
     /// waits until it is gone. Committed data survives for `restart`.
     pub fn kill(&mut self) {

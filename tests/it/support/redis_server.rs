@@ -52,6 +52,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// Whether a restart brings back what was written (`start_with_aof`).
+    pub fn persists(&self) -> bool {
+        self.aof
+    }
+
     /// Kills the server and waits for it to exit; the port stays reserved
     /// for `restart`.
     pub fn kill(&mut self) {

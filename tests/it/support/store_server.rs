@@ -1,5 +1,5 @@
-//! What tests need of a store's server, whichever it is: its URL, and to
-//! take it away and bring it back on the same port. One test body, generic
+//! What the fault tests need of a store's server, whichever it is: start
+//! it, take it away, bring it back on the same port. One test body, generic
 //! over this trait, then runs against redis-server and PostgreSQL alike.
 
 use crate::support::postgres_server::PostgresServer;
@@ -13,11 +13,15 @@ pub trait StoreServer: Send + 'static {
     /// machine.
     const GATE_TIMEOUT: &'static str;
 
+    /// Starts a fresh server; panics (never skips) when it is not installed.
+    fn start() -> Self;
     fn url(&self) -> String;
     /// Takes the server away at once.
     fn kill(&mut self);
     /// Brings it back on the same port; returns once it answers.
     fn restart(&mut self);
+    /// Whether `restart` brings back what was written before `kill`.
+    fn persists(&self) -> bool;
 }
 
 /// The trait over a server's own methods of the same names.
@@ -26,6 +30,10 @@ macro_rules! store_server {
         impl StoreServer for $server {
             const BACKEND: &'static str = $backend;
             const GATE_TIMEOUT: &'static str = $timeout;
+
+            fn start() -> Self {
+                <$server>::start()
+            }
 
             fn url(&self) -> String {
                 <$server>::url(self)
@@ -37,6 +45,10 @@ macro_rules! store_server {
 
             fn restart(&mut self) {
                 <$server>::restart(self)
+            }
+
+            fn persists(&self) -> bool {
+                <$server>::persists(self)
             }
         }
     };
