@@ -3,13 +3,15 @@
 
 use std::sync::{Arc, Weak};
 
+use tokio::sync::Notify;
+
 use crate::StartError;
 use crate::metrics::Metrics;
 use crate::pipeline::{Inflight, Marks};
 use crate::ratelimit::{ProviderLimit, SourceLimit};
 use crate::route::{Route, RouteSpec, Routes};
 use crate::secret::{RELOAD_INTERVAL, SecretSet};
-use crate::settings::{ProviderSettings, Settings};
+use crate::settings::{Mode, ProviderSettings, Settings};
 use crate::store::Store;
 use crate::tls::ReloadingCert;
 use crate::upstream::Upstream;
@@ -36,6 +38,8 @@ pub struct Gate {
     pub inflight: Arc<Inflight>,
     /// Completion marks, with the retries of failed ones.
     pub marks: Marks,
+    /// Wakes the relay when queue mode accepted jobs.
+    pub relay_wakeup: Notify,
 }
 
 impl Gate {
@@ -54,6 +58,10 @@ impl Gate {
                 .await?
                 .timed_by(Arc::clone(&metrics)),
         );
+        if settings.providers.iter().any(|p| p.mode == Mode::Queue) {
+            // Queue mode answers 202 once the accept is on disk.
+            store.require_durable_commits().await?;
+        }
         if store.backend_name() == "memory" {
             tracing::warn!("store.backend = \"memory\": a restart forgets every key");
         }
@@ -93,6 +101,7 @@ impl Gate {
             metrics,
             inflight: Arc::default(),
             marks,
+            relay_wakeup: Notify::new(),
         });
         spawn_housekeeping(Arc::downgrade(&gate));
         Ok(gate)

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod provider;
 pub mod ratelimit;
+pub mod relay;
 pub mod route;
 pub mod secret;
 pub mod server;
@@ -34,7 +35,7 @@ use tokio::task::JoinHandle;
 
 use crate::gate::Gate;
 use crate::server::ConnLimits;
-use crate::settings::Settings;
+use crate::settings::{Mode, Settings};
 
 /// Why the gate could not start.
 #[derive(Debug, thiserror::Error)]
@@ -131,13 +132,25 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
         stopped,
         limits,
     ));
+    let mut tasks = vec![public_task, admin_task];
+    if gate
+        .settings
+        .providers
+        .iter()
+        .any(|p| p.mode == Mode::Queue)
+    {
+        tasks.push(tokio::spawn(relay::run(
+            Arc::clone(&gate),
+            stop.subscribe(),
+        )));
+    }
     tracing::info!(%addr, %admin_addr, backend = gate.store.backend_name(), "hookgate listening");
     Ok(Running {
         addr,
         admin_addr,
         gate,
         stop,
-        tasks: vec![public_task, admin_task],
+        tasks,
     })
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, StatusCode, Uri};
 
-pub use crate::config::file::{FingerprintMode, OnMismatch, OnMissingKey};
+pub use crate::config::file::{FingerprintMode, Mode, OnMismatch, OnMissingKey};
 use crate::key::KeySource;
 use crate::provider::Scheme;
 use crate::ratelimit::Rate;
@@ -22,6 +22,7 @@ pub struct Settings {
     pub store: StoreSettings,
     pub dedupe: DedupeSettings,
     pub telemetry: TelemetrySettings,
+    pub queue: QueueSettings,
     pub providers: Vec<ProviderSettings>,
     #[doc(hidden)]
     pub faults: Faults,
@@ -84,11 +85,30 @@ pub struct DedupeSettings {
     pub max_response_bytes: usize,
 }
 
+/// Queue mode: the accept answer and the relay's retry policy.
+#[derive(Clone, Debug)]
+pub struct QueueSettings {
+    pub accept_status: StatusCode,
+    pub max_attempts: u32,
+    pub max_age: Duration,
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    /// The fraction by which a retry's delay varies either way.
+    pub jitter: f64,
+    /// How long a relay owns a job it took; past it another relay may.
+    pub lease: Duration,
+    /// Jobs in flight at once, per gate.
+    pub concurrency: usize,
+    /// Statuses that go straight to the dead letter.
+    pub dead_on: Vec<StatusCode>,
+}
+
 #[derive(Clone, Debug)]
 pub struct ProviderSettings {
     pub name: String,
     pub scheme: Scheme,
     pub path: String,
+    pub mode: Mode,
     pub secrets: Vec<SecretSpec>,
     pub tolerance: Duration,
     pub future_tolerance: Duration,

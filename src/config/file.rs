@@ -96,6 +96,48 @@ impl Default for TelemetryFile {
     }
 }
 
+/// `[queue]`: how queue-mode deliveries are accepted and relayed.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueFile {
+    pub accept_status: u16,
+    pub max_attempts: u32,
+    pub max_age: String,
+    pub retry_initial: String,
+    pub retry_max: String,
+    pub jitter: f64,
+    pub lease: String,
+    pub concurrency: usize,
+    pub dead_on: Vec<u16>,
+}
+
+impl Default for QueueFile {
+    fn default() -> Self {
+        Self {
+            accept_status: 202,
+            max_attempts: 12,
+            max_age: "3d".into(),
+            retry_initial: "1s".into(),
+            retry_max: "1h".into(),
+            jitter: 0.2,
+            lease: "60s".into(),
+            concurrency: 16,
+            dead_on: vec![400, 401, 403, 404, 410, 422],
+        }
+    }
+}
+
+/// How a provider's deliveries reach the app.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Forwarded while the sender waits; its answer is the app's.
+    #[default]
+    Forward,
+    /// Accepted into the outbox (the sender gets 202), relayed with retries.
+    Queue,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
@@ -198,6 +240,7 @@ pub enum FingerprintMode {
 pub struct ProviderFile {
     pub scheme: SchemeKind,
     pub path: String,
+    pub mode: Option<Mode>,
     #[serde(default)]
     pub secrets: Vec<SecretFile>,
     pub tolerance: Option<String>,

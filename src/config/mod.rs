@@ -15,7 +15,7 @@ use figment::providers::{Env, Format, Toml};
 use figment::value::Value;
 use serde::de::DeserializeOwned;
 
-use self::file::{ProviderFile, ServerFile, StoreFile, TelemetryFile, UpstreamFile};
+use self::file::{ProviderFile, QueueFile, ServerFile, StoreFile, TelemetryFile, UpstreamFile};
 use crate::settings::Settings;
 
 /// One problem with the configuration, tied to the key it concerns.
@@ -86,10 +86,18 @@ pub struct ConfigFile {
     pub upstream: UpstreamFile,
     pub store: StoreFile,
     pub telemetry: TelemetryFile,
+    pub queue: QueueFile,
     pub providers: BTreeMap<String, ProviderFile>,
 }
 
-const SECTIONS: [&str; 5] = ["server", "upstream", "store", "telemetry", "providers"];
+const SECTIONS: [&str; 6] = [
+    "server",
+    "upstream",
+    "store",
+    "telemetry",
+    "queue",
+    "providers",
+];
 
 /// Reads every section, collecting every error; a section that does not
 /// read is replaced by its defaults so that validation can go on.
@@ -109,6 +117,7 @@ fn read(figment: &Figment, issues: &mut Issues) -> Option<ConfigFile> {
         upstream: section(figment, &top, "upstream", issues),
         store: section(figment, &top, "store", issues),
         telemetry: section(figment, &top, "telemetry", issues),
+        queue: section(figment, &top, "queue", issues),
         providers: BTreeMap::new(),
     };
     if let Some(providers) = top.get("providers") {

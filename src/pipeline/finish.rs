@@ -126,8 +126,9 @@ async fn mark(
     }
 }
 
-/// Answers a duplicate with the stored response.
-pub fn replay(snapshot: Snapshot) -> Response<ProxyBody> {
+/// Answers with a stored response: a duplicate's, or (`result` =
+/// `accepted`) queue mode's accept answer.
+pub fn stored(snapshot: Snapshot, result: &'static str) -> Response<ProxyBody> {
     let mut response = Response::new(body::full(snapshot.body));
     *response.status_mut() =
         http::StatusCode::from_u16(snapshot.status).unwrap_or(http::StatusCode::OK);
@@ -138,7 +139,7 @@ pub fn replay(snapshot: Snapshot) -> Response<ProxyBody> {
     {
         headers.insert(header::CONTENT_TYPE, v);
     }
-    headers.insert(RESULT_HEADER, HeaderValue::from_static("duplicate"));
+    headers.insert(RESULT_HEADER, HeaderValue::from_static(result));
     response
 }
 

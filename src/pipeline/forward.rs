@@ -28,11 +28,11 @@ pub struct PartialBatch {
     pub duplicates: usize,
 }
 
-/// What is sent: the signed body under the event's key (one event), or a
-/// partial batch.
+/// What is sent: the signed body (under the event's key, for one event),
+/// or a body other than the signed one (under its key, for one element).
 pub enum Payload {
     Signed(Option<ScopedKey>),
-    Partial(PartialBatch),
+    Partial(PartialBatch, Option<ScopedKey>),
 }
 
 /// Sends the delivery and reads the app's answer, within `upstream.timeout`.
@@ -43,29 +43,43 @@ pub async fn send(
     conn: Conn,
     payload: Payload,
 ) -> Result<Buffered, UpstreamError> {
-    // The path the provider is configured with, not the request's spelling
-    // of it: routing found them the same (crate::route), and the app must
-    // route it the same way too.
+    let uri = upstream.target(&target(settings, request))?;
+    let (headers, body) = outgoing(settings, request, conn, payload);
+    let mut req = HttpRequest::new(body::full(body));
+    *req.method_mut() = request.head.method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = headers;
+    upstream.call_buffered(&settings.name, req).await
+}
+
+/// The path and query the app gets: the path the provider is configured
+/// with, not the request's spelling of it (routing found them the same,
+/// crate::route, and the app must route it the same way too).
+pub fn target(settings: &ProviderSettings, request: &Request) -> String {
     let path = settings.upstream_path.as_ref().unwrap_or(&settings.path);
-    let uri = match request.head.uri.query() {
-        Some(q) => upstream.target(&format!("{path}?{q}"))?,
-        None => upstream.target(path)?,
-    };
+    match request.head.uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.clone(),
+    }
+}
+
+/// The headers and body the app gets for `payload`.
+pub fn outgoing(
+    settings: &ProviderSettings,
+    request: &Request,
+    conn: Conn,
+    payload: Payload,
+) -> (HeaderMap, Bytes) {
     let mut headers = request.head.headers.clone();
     prepare_headers(&mut headers, conn, request.head.uri.authority());
     let name = HeaderValue::try_from(settings.name.as_str()).ok();
     if let Some(v) = &name {
         headers.insert(PROVIDER, v.clone());
     }
-    let body = match payload {
-        Payload::Signed(key) => {
-            // Keys are validated printable text, so this cannot fail.
-            if let Some(v) = key.and_then(|k| HeaderValue::try_from(k.to_string()).ok()) {
-                headers.insert(EVENT_KEY, v);
-            }
-            request.body.clone()
-        }
-        Payload::Partial(batch) => {
+    let (key, body) = match payload {
+        Payload::Signed(key) => (key, request.body.clone()),
+        Payload::Partial(batch, key) => {
             for signature in settings.scheme.signature_headers() {
                 headers.remove(signature);
             }
@@ -80,15 +94,14 @@ pub async fn send(
             if let Ok(v) = HeaderValue::try_from(counts) {
                 headers.insert(BATCH, v);
             }
-            batch.body
+            (key, batch.body)
         }
     };
-    let mut req = HttpRequest::new(body::full(body));
-    *req.method_mut() = request.head.method.clone();
-    *req.uri_mut() = uri;
-    *req.version_mut() = Version::HTTP_11;
-    *req.headers_mut() = headers;
-    upstream.call_buffered(&settings.name, req).await
+    // Keys are validated printable text, so this cannot fail.
+    if let Some(v) = key.and_then(|k| HeaderValue::try_from(k.to_string()).ok()) {
+        headers.insert(EVENT_KEY, v);
+    }
+    (headers, body)
 }
 
 /// The headers every forwarded request gets, delivery or passthrough: no

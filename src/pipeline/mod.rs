@@ -19,6 +19,7 @@
 //! [`DeliveryRecord`] from them; the record alone writes the log line and
 //! the counters. Queue mode will be another terminal stage after `claim`.
 
+mod accept;
 mod claim;
 mod finish;
 mod forward;
@@ -37,9 +38,11 @@ use futures_util::FutureExt;
 use http::{Method, Request, Response, request};
 use hyper::body::Incoming;
 
+use self::accept::AcceptContext;
 use self::claim::{ClaimContext, Claims};
 pub use self::finish::Marks;
 use self::forward::Payload;
+use self::held::HeldClaims;
 pub use self::held::Inflight;
 use self::limit::Source;
 use self::plan::Plan;
@@ -48,6 +51,7 @@ use crate::error::GateError;
 use crate::gate::{Gate, Provider};
 use crate::route::Route;
 use crate::server::Conn;
+use crate::settings::{Mode, ProviderSettings};
 use crate::telemetry::{DeliveryRecord, Outcome, Verification};
 
 /// Entry point for every request on the public listener.
@@ -141,37 +145,76 @@ async fn stages(
     record.verification = Verification::Ok;
     record.secret_index = Some(verified.secret_index);
     let settings = &provider.settings;
-    let (held, payload) = match plan::plan(settings, &request)? {
-        Plan::Unkeyed => (None, Payload::Signed(None)),
-        Plan::Keyed(identities) => {
-            record.key = Some(Plan::label(&identities));
-            let cx = ClaimContext {
-                store: &gate.store,
-                inflight: &gate.inflight,
-                lease: gate.settings.dedupe.lease,
-            };
-            let claimed = claim::claim(&cx, settings, &request.body, &identities).await?;
-            record.dedupe = claimed.dedupe;
-            record.mismatch = claimed.mismatch;
-            match claimed.claims {
-                Claims::Replay(snapshot) => {
-                    record.outcome = Outcome::Duplicate;
-                    record.upstream_status = Some(snapshot.status);
-                    return Ok(finish::replay(snapshot));
-                }
-                Claims::Fresh { held, partial } => {
-                    fault_point(gate);
-                    let payload = match (partial, identities.as_slice()) {
-                        (Some(partial), _) => Payload::Partial(partial),
-                        (None, [one]) => Payload::Signed(Some(one.key.clone())),
-                        (None, _) => Payload::Signed(None),
-                    };
-                    (Some(held), payload)
-                }
-            }
+    let identities = match plan::plan(settings, &request)? {
+        // No key, forwarded without dedupe (in queue mode too: such
+        // deliveries, Slack's url_verification say, want the app's answer).
+        Plan::Unkeyed => {
+            return send(
+                gate,
+                settings,
+                &request,
+                conn,
+                None,
+                Payload::Signed(None),
+                record,
+            )
+            .await;
         }
+        Plan::Keyed(identities) => identities,
     };
-    let answer = forward::send(&gate.upstream, settings, &request, conn, payload).await;
+    record.key = Some(Plan::label(&identities));
+    if settings.mode == Mode::Queue {
+        let cx = AcceptContext {
+            store: &gate.store,
+            queue: &gate.settings.queue,
+            relay: &gate.relay_wakeup,
+        };
+        let accepted = accept::accept(&cx, settings, &request, conn, &identities).await?;
+        record.dedupe = accepted.dedupe;
+        record.mismatch = accepted.mismatch;
+        record.outcome = if accepted.accepted {
+            Outcome::Accepted
+        } else {
+            Outcome::Duplicate
+        };
+        return Ok(accepted.response);
+    }
+    let cx = ClaimContext {
+        store: &gate.store,
+        inflight: &gate.inflight,
+        lease: gate.settings.dedupe.lease,
+    };
+    let claimed = claim::claim(&cx, settings, &request.body, &identities).await?;
+    record.dedupe = claimed.dedupe;
+    record.mismatch = claimed.mismatch;
+    let (held, partial) = match claimed.claims {
+        Claims::Replay(snapshot) => {
+            record.outcome = Outcome::Duplicate;
+            record.upstream_status = Some(snapshot.status);
+            return Ok(finish::stored(snapshot, "duplicate"));
+        }
+        Claims::Fresh { held, partial } => (held, partial),
+    };
+    fault_point(gate);
+    let payload = match (partial, identities.as_slice()) {
+        (Some(partial), _) => Payload::Partial(partial, None),
+        (None, [one]) => Payload::Signed(Some(one.key.clone())),
+        (None, _) => Payload::Signed(None),
+    };
+    send(gate, settings, &request, conn, Some(held), payload, record).await
+}
+
+/// The forward and finish stages.
+async fn send(
+    gate: &Gate,
+    settings: &ProviderSettings,
+    request: &read::Request,
+    conn: Conn,
+    held: Option<HeldClaims>,
+    payload: Payload,
+    record: &mut DeliveryRecord,
+) -> Result<Response<ProxyBody>, GateError> {
+    let answer = forward::send(&gate.upstream, settings, request, conn, payload).await;
     record.upstream_status = answer.as_ref().ok().map(|a| a.parts.status.as_u16());
     let (response, outcome) = finish::finish(&gate.marks, settings, held, answer).await?;
     record.outcome = outcome;

@@ -6,6 +6,7 @@
 //! key, so a holder whose lease expired can never overwrite a newer one.
 
 mod memory;
+pub mod outbox;
 mod postgres;
 mod redis;
 mod sqlite;

@@ -51,6 +51,8 @@ pub enum Outcome {
     Forwarded,
     /// Answered from the store.
     Duplicate,
+    /// Queue mode: recorded for the relay.
+    Accepted,
     /// The app answered, not 2xx; its answer was passed back.
     UpstreamError,
     /// The gate answered with the error of this code (SPEC section 2).
@@ -85,6 +87,7 @@ impl Outcome {
         match self {
             Self::Forwarded => "forwarded",
             Self::Duplicate => "duplicate",
+            Self::Accepted => "accepted",
             Self::UpstreamError => "upstream_error",
             Self::Failed(code) => code,
         }
@@ -187,7 +190,10 @@ impl DeliveryRecord {
         let duration_ms = (duration_ms * 1000.0).round() / 1000.0;
         // tracing needs a constant level at each call site, so the two
         // field lists stay written out.
-        if matches!(self.outcome, Outcome::Forwarded | Outcome::Duplicate) {
+        if matches!(
+            self.outcome,
+            Outcome::Forwarded | Outcome::Duplicate | Outcome::Accepted
+        ) {
             tracing::info!(
                 target: "hookgate::delivery",
                 provider = self.provider.as_str(),

@@ -13,6 +13,7 @@ mod malformed;
 mod operate;
 mod otlp;
 mod panics;
+mod queue;
 mod routing;
 mod schemes;
 mod secrets;

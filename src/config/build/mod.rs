@@ -3,6 +3,7 @@
 //! parsers every section shares are here.
 
 mod provider;
+mod queue;
 mod server;
 mod store;
 mod telemetry;
@@ -25,7 +26,9 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
     let upstream = server::upstream(i, &file.upstream);
     let (mut store, dedupe) = store::store(i, &file.store, upstream.timeout);
     let telemetry = telemetry::telemetry(i, &file.telemetry);
+    let queue = queue::queue(i, &file.queue, upstream.timeout);
     let providers = provider::providers(i, &file.providers, &dedupe);
+    queue::check_backend(i, &store.backend, &providers);
     if let BackendSettings::Postgres { retention, .. } = &mut store.backend {
         *retention = providers
             .iter()
@@ -40,6 +43,7 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
             store,
             dedupe,
             telemetry,
+            queue,
             faults: Default::default(),
             providers,
         })

@@ -120,6 +120,7 @@ pub(super) fn providers(
             name: name.clone(),
             scheme,
             path: p.path.clone(),
+            mode: p.mode.unwrap_or_default(),
             secrets,
             tolerance,
             future_tolerance,

@@ -7,6 +7,7 @@
 //! Both stop when the store is dropped. Timestamps are unix milliseconds.
 
 mod checkpoint;
+mod outbox;
 mod owned_thread;
 mod store_thread;
 
@@ -181,6 +182,7 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.pragma_update(None, "cache_size", CACHE_KIB)?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(outbox::SCHEMA)?;
         for (column, add) in ADDED_COLUMNS {
             let present: bool = conn.query_row(
                 "SELECT count(*) FROM pragma_table_info('processed_events') WHERE name = ?1",
@@ -203,11 +205,17 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
 
 /// Deletes one batch of expired rows; returns how many.
 fn purge_batch(c: &mut Connection) -> Result<usize, StoreError> {
+    let now = now_ms();
     let mut stmt = c.prepare_cached(
         "DELETE FROM processed_events WHERE rowid IN (
              SELECT rowid FROM processed_events WHERE expires_at <= ?1 LIMIT ?2)",
     )?;
-    Ok(stmt.execute(params![now_ms(), PURGE_BATCH as i64])?)
+    let events = stmt.execute(params![now, PURGE_BATCH as i64])?;
+    drop(stmt);
+    // Delivered jobs go with their dedupe entries; pending and dead ones
+    // stay until delivered or purged by an operator.
+    let jobs = outbox::purge_batch(c, now, (PURGE_BATCH - events) as i64)?;
+    Ok(events + jobs)
 }
 
 /// The claim's read and write, inside a transaction that holds the write

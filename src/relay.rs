@@ -1,0 +1,202 @@
+//! The relay of queue mode (SPEC section 1b): takes due jobs from the
+//! outbox under a lease, delivers them to the app as forward mode would
+//! (plus `Hookgate-Attempt: N`), and settles each attempt: delivered on a
+//! 2xx; dead on a status in `queue.dead_on` or when `max_attempts` or
+//! `max_age` run out; else retried with capped exponential backoff and
+//! jitter, or after the app's `Retry-After` when that is later. Delivery is
+//! at least once: a gate that dies mid-attempt leaves its lease to expire,
+//! and the job is attempted again. No ordering is promised.
+
+mod policy;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Version};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::body;
+use crate::gate::Gate;
+use crate::store::StoreError;
+use crate::store::outbox::{Job, Settle};
+use crate::upstream::UpstreamError;
+
+pub use self::policy::decide;
+
+const ATTEMPT: HeaderName = HeaderName::from_static("hookgate-attempt");
+
+/// How often an idle relay looks for due jobs (retries come due without a
+/// wake-up; new jobs wake it at once).
+const POLL: Duration = Duration::from_millis(250);
+/// How long to wait after the store failed before trying again.
+const STORE_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Runs until `stop` flips, then lets attempts in flight finish within the
+/// shutdown grace; those cut off keep their lease, which expires, and the
+/// job is attempted again (by this gate after a restart, or another).
+pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
+    let queue = &gate.settings.queue;
+    let mut attempts: JoinSet<()> = JoinSet::new();
+    loop {
+        let room = queue.concurrency.saturating_sub(attempts.len());
+        let took = if room == 0 || *stop.borrow() {
+            Ok(0)
+        } else {
+            take(&gate, &mut attempts, room).await
+        };
+        let pause = match took {
+            Ok(0) => POLL,
+            Ok(_) => Duration::ZERO,
+            Err(e) => {
+                tracing::warn!(error = %e, "relay: taking due jobs failed; retrying");
+                STORE_BACKOFF
+            }
+        };
+        if *stop.borrow() {
+            break;
+        }
+        tokio::select! {
+            _ = gate.relay_wakeup.notified() => {}
+            _ = tokio::time::sleep(pause), if !pause.is_zero() => {}
+            Some(_) = attempts.join_next(), if !attempts.is_empty() => {}
+            _ = stop.changed() => {}
+            else => {}
+        }
+    }
+    let grace = gate.settings.server.shutdown_grace;
+    if tokio::time::timeout(grace, async {
+        while attempts.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!(
+            attempts = attempts.len(),
+            "relay: grace elapsed with attempts in flight; their leases will expire"
+        );
+    }
+}
+
+/// Leases up to `room` due jobs and starts an attempt for each.
+async fn take(
+    gate: &Arc<Gate>,
+    attempts: &mut JoinSet<()>,
+    room: usize,
+) -> Result<usize, StoreError> {
+    let jobs = gate.store.take_due(gate.settings.queue.lease, room).await?;
+    let n = jobs.len();
+    for job in jobs {
+        attempts.spawn(attempt(Arc::clone(gate), job));
+    }
+    Ok(n)
+}
+
+/// One attempt: send, decide, settle, log.
+async fn attempt(gate: Arc<Gate>, job: Job) {
+    let provider = gate
+        .providers
+        .iter()
+        .find(|p| p.settings.name == job.key.provider);
+    let started = std::time::Instant::now();
+    let answer = match provider {
+        Some(p) => send(&gate, &p.settings.name, &job).await,
+        None => Err(UpstreamError::Other(format!(
+            "provider {} is no longer configured",
+            job.key.provider
+        ))),
+    };
+    let status = answer.as_ref().ok().map(|a| a.parts.status.as_u16());
+    let settle = if provider.is_none() {
+        Settle::Dead {
+            status: None,
+            error: "the provider is no longer configured".into(),
+        }
+    } else {
+        decide(
+            &gate.settings.queue,
+            job.attempt,
+            job.received_at,
+            SystemTime::now(),
+            &answer,
+        )
+    };
+    let outcome = match &settle {
+        Settle::Delivered { .. } => "delivered",
+        Settle::Retry { .. } => "retry",
+        Settle::Dead { .. } => "dead",
+    };
+    log(&job, outcome, status, &settle, started.elapsed());
+    match gate.store.settle(job.id, &job.token, settle).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(key = %job.key, "relay: the job's lease had expired before it was settled")
+        }
+        // The lease expires and the job is attempted again: at least once.
+        Err(e) => {
+            tracing::warn!(key = %job.key, error = %e, "relay: settling the attempt failed; it will be attempted again")
+        }
+    }
+}
+
+async fn send(
+    gate: &Gate,
+    provider: &str,
+    job: &Job,
+) -> Result<crate::upstream::Buffered, UpstreamError> {
+    let uri = gate.upstream.target(&job.job.target)?;
+    let mut headers = parse_header_block(&job.job.headers);
+    headers.insert(ATTEMPT, HeaderValue::from(job.attempt));
+    let method = Method::from_bytes(job.job.method.as_bytes()).unwrap_or(Method::POST);
+    let mut req = Request::new(body::full(job.job.body.clone()));
+    *req.method_mut() = method;
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = headers;
+    gate.upstream.call_buffered(provider, req).await
+}
+
+/// The headers of an HTTP/1 header block written by the accept stage.
+pub fn parse_header_block(block: &Bytes) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for line in block.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (&line[..colon], &line[colon + 1..]);
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        if let (Ok(name), Ok(value)) =
+            (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
+        {
+            headers.append(name, value);
+        }
+    }
+    headers
+}
+
+fn log(job: &Job, outcome: &str, status: Option<u16>, settle: &Settle, took: Duration) {
+    let error = match settle {
+        Settle::Retry { error, .. } | Settle::Dead { error, .. } => Some(error.as_str()),
+        Settle::Delivered { .. } => None,
+    };
+    let retry_in_ms = match settle {
+        Settle::Retry { after, .. } => Some(after.as_millis() as u64),
+        _ => None,
+    };
+    let duration_ms = (took.as_secs_f64() * 1e6).round() / 1e3;
+    tracing::info!(
+        target: "hookgate::relay",
+        provider = job.key.provider.as_str(),
+        key = job.key.key.as_str(),
+        attempt = job.attempt,
+        outcome,
+        upstream_status = status,
+        error,
+        retry_in_ms,
+        duration_ms,
+        "relay attempt"
+    );
+}
