@@ -37,6 +37,7 @@ fn main() -> ExitCode {
             private_key.as_deref(),
         ),
         Some(Command::Keys { action }) => block_on(cli::keys(&settings, action)),
+        Some(Command::Queue { action }) => block_on(cli::queue(&settings, action)),
         Some(Command::Run | Command::Demo) | None => block_on(serve(settings)),
     }
 }

@@ -243,3 +243,65 @@ async fn the_memory_store_refuses_queue_mode() {
     assert!(text.contains("providers.stripe.mode"), "{text}");
     assert!(text.contains("not durable"), "{text}");
 }
+
+#[tokio::test]
+async fn operators_list_show_replay_and_purge_from_the_command_line() {
+    use crate::cli::hookgate;
+    let up = Upstream::start().await;
+    up.set(Behavior::Status(422));
+    let gate = queued().upstream(&up).start().await;
+    let config = gate.fixture().config_file();
+    assert_eq!(gate.deliver(&stripe_event("evt_cli")).await.status, 202);
+    until("the dead-lettering attempt", || up.count() == 1).await;
+    let run = |args: &[&str]| {
+        let out = hookgate()
+            .arg("queue")
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // The settle lands just after the attempt: wait for the dead letter.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listed = loop {
+        let listed = run(&["list", "--state", "dead"]);
+        if listed.1.contains("stripe:evt_cli") || Instant::now() > deadline {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(listed.0, Some(0), "{listed:?}");
+    assert!(listed.1.contains("dead\tstripe:evt_cli"), "{listed:?}");
+    assert!(listed.1.contains("last_status=422"), "{listed:?}");
+
+    let shown = run(&["show", "--provider", "stripe", "EVT_CLI"]);
+    assert_eq!(shown.0, Some(0), "{shown:?}");
+    assert!(shown.1.contains("stripe:evt_cli"), "{shown:?}");
+    assert_eq!(
+        run(&["show", "--provider", "stripe", "evt_none"]).0,
+        Some(1)
+    );
+    let unknown = run(&["list", "--provider", "nope"]);
+    assert_eq!(unknown.0, Some(64));
+    assert!(unknown.2.contains("configured: stripe"), "{unknown:?}");
+    assert_eq!(run(&["purge"]).0, Some(64), "purge needs --dead");
+
+    up.set(Behavior::Status(200));
+    let replayed = run(&["replay", "--dead", "--provider", "stripe"]);
+    assert_eq!(replayed.0, Some(0), "{replayed:?}");
+    assert!(replayed.1.contains("1 job(s)"), "{replayed:?}");
+    until("the replayed delivery", || up.count() == 2).await;
+    let purged = run(&["purge", "--dead"]);
+    assert_eq!(purged.0, Some(0));
+    assert!(
+        purged.1.contains("0 dead job(s)"),
+        "delivered, so none left: {purged:?}"
+    );
+    gate.shutdown().await;
+}

@@ -1,4 +1,7 @@
-//! The command line: `run` (the default), `check`, `sign`, `keys`.
+//! The command line: `run` (the default), `check`, `sign`, `keys`,
+//! `queue`.
+
+mod queue;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -8,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use clap::{Parser, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
+pub use self::queue::{QueueAction, queue};
 use crate::config::{self, ConfigErrors};
 use crate::key::KeySource;
 use crate::provider::{Delivery, Scheme, SignedHeaders, Verified, VerifyError};
@@ -61,6 +65,11 @@ pub enum Command {
     Keys {
         #[command(subcommand)]
         action: KeysAction,
+    },
+    /// Queue mode's jobs: list, show, replay, purge the dead letter.
+    Queue {
+        #[command(subcommand)]
+        action: QueueAction,
     },
 }
 
