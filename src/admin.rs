@@ -1,20 +1,25 @@
-//! The admin listener: `/healthz` (the process runs) and `/readyz` (the
-//! store answers).
+//! The admin listener: `/healthz` (the process runs), `/readyz` (the store
+//! answers), `/metrics`, and queue mode's `GET /queue` and
+//! `POST /queue/replay`. What changes state requires `server.admin_token`
+//! as a bearer token and answers 401 without it (or when none is set).
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode, header};
+use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
+use subtle::ConstantTimeEq;
 
 use crate::body::{ProxyBody, full};
 use crate::gate::Gate;
 use crate::store::Backend;
+use crate::store::outbox::{JobFilter, JobState, JobSummary};
 
 pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<ProxyBody> {
-    match req.uri().path() {
-        "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/metrics" => {
+    match (req.method(), req.uri().path()) {
+        (_, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (_, "/metrics") => {
             let mut response = Response::new(full(gate.metrics.encode()));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -24,15 +29,139 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<ProxyBo
             );
             response
         }
-        "/readyz" => match gate.store.ping().await {
+        (_, "/readyz") => match gate.store.ping().await {
             Ok(()) => text(StatusCode::OK, "ready\n"),
             Err(e) => {
                 tracing::warn!(error = %e, "not ready: store unavailable");
                 text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
             }
         },
+        (&Method::GET, "/queue") => list(&gate, &req).await,
+        (&Method::POST, "/queue/replay") => {
+            if !authorized(&gate, &req) {
+                return json(
+                    StatusCode::UNAUTHORIZED,
+                    serde_json::json!({"error": "unauthorized",
+                        "message": "This endpoint needs server.admin_token as a bearer token."}),
+                );
+            }
+            replay(&gate, &req).await
+        }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
+}
+
+/// The bearer token matches `server.admin_token` (constant time).
+fn authorized(gate: &Gate, req: &Request<Incoming>) -> bool {
+    let Some(token) = &gate.admin_token else {
+        return false;
+    };
+    let Some(given) = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+    else {
+        return false;
+    };
+    token
+        .active(SystemTime::now())
+        .iter()
+        .any(|secret| bool::from(secret.value.expose().ct_eq(given)))
+}
+
+fn query(req: &Request<Incoming>) -> Vec<(String, String)> {
+    form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+fn param<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    query
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// `GET /queue?state=dead&provider=stripe`: at most 100 jobs, newest first.
+async fn list(gate: &Gate, req: &Request<Incoming>) -> Response<ProxyBody> {
+    let q = query(req);
+    let filter = JobFilter {
+        state: param(&q, "state").and_then(JobState::parse),
+        provider: param(&q, "provider").map(str::to_owned),
+        ..JobFilter::default()
+    };
+    match gate.store.jobs(filter, 100).await {
+        Ok(jobs) => json(
+            StatusCode::OK,
+            serde_json::json!({ "jobs": jobs.iter().map(job_json).collect::<Vec<_>>() }),
+        ),
+        Err(e) => store_error(&e),
+    }
+}
+
+/// `POST /queue/replay?provider=P&key=K` or `?dead=true[&provider=P]`.
+async fn replay(gate: &Gate, req: &Request<Incoming>) -> Response<ProxyBody> {
+    let q = query(req);
+    let provider = param(&q, "provider").map(str::to_owned);
+    let filter = match (param(&q, "key"), param(&q, "dead")) {
+        (Some(key), None) if provider.is_some() => JobFilter {
+            provider,
+            key: Some(key.trim().to_lowercase()),
+            ..JobFilter::default()
+        },
+        (None, Some("true")) => JobFilter {
+            state: Some(JobState::Dead),
+            provider,
+            ..JobFilter::default()
+        },
+        _ => {
+            return json(
+                StatusCode::BAD_REQUEST,
+                serde_json::json!({"error": "bad_request",
+                    "message": "Replay one event (provider and key) or the dead letter (dead=true)."}),
+            );
+        }
+    };
+    match gate.store.replay(filter).await {
+        Ok(n) => {
+            gate.relay_wakeup.notify_one();
+            json(StatusCode::OK, serde_json::json!({ "replayed": n }))
+        }
+        Err(e) => store_error(&e),
+    }
+}
+
+fn job_json(job: &JobSummary) -> serde_json::Value {
+    let stamp = |t| humantime::format_rfc3339_millis(t).to_string();
+    serde_json::json!({
+        "id": job.id,
+        "provider": job.key.provider,
+        "key": job.key.key,
+        "state": job.state.as_str(),
+        "attempts": job.attempts,
+        "received_at": stamp(job.received_at),
+        "due_at": stamp(job.due_at),
+        "last_status": job.last_status,
+        "last_error": job.last_error,
+    })
+}
+
+fn store_error(e: &crate::store::StoreError) -> Response<ProxyBody> {
+    tracing::warn!(error = %e, "admin: store error");
+    json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        serde_json::json!({"error": "store_unavailable", "message": "The store is unavailable."}),
+    )
+}
+
+fn json(status: StatusCode, body: serde_json::Value) -> Response<ProxyBody> {
+    let mut response = Response::new(full(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {

@@ -40,6 +40,8 @@ pub struct Gate {
     pub marks: Marks,
     /// Wakes the relay when queue mode accepted jobs.
     pub relay_wakeup: Notify,
+    /// The admin listener's bearer token for state-changing endpoints.
+    pub admin_token: Option<SecretSet>,
 }
 
 impl Gate {
@@ -84,6 +86,13 @@ impl Gate {
             path: &p.settings.path,
             case_sensitive: p.settings.case_sensitive_path,
         }));
+        let admin_token = settings.server.admin_token.clone().map(|spec| {
+            let (token, problems) = SecretSet::load(vec![spec]);
+            for problem in problems {
+                tracing::error!(%problem, "server.admin_token not loaded: admin changes are refused");
+            }
+            token
+        });
         let marks = Marks::new(
             Arc::clone(&store),
             Arc::clone(&metrics),
@@ -102,6 +111,7 @@ impl Gate {
             inflight: Arc::default(),
             marks,
             relay_wakeup: Notify::new(),
+            admin_token,
         });
         spawn_housekeeping(Arc::downgrade(&gate));
         Ok(gate)

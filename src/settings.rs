@@ -63,6 +63,8 @@ pub struct ServerSettings {
     pub max_connections: usize,
     pub max_header_bytes: usize,
     pub tls: Option<TlsFiles>,
+    /// Required by the admin endpoints that change state (`/queue/replay`).
+    pub admin_token: Option<SecretSpec>,
 }
 
 #[derive(Clone, Debug)]

@@ -19,6 +19,9 @@ pub struct ServerFile {
     pub max_connections: usize,
     pub max_header_bytes: usize,
     pub tls: Option<TlsFile>,
+    /// The secret (a source, like provider secrets) that the admin
+    /// listener's state-changing endpoints require as a bearer token.
+    pub admin_token: Option<SecretFile>,
 }
 
 /// `tls = { cert = "/etc/hookgate/tls.crt", key = "/etc/hookgate/tls.key" }`
@@ -50,6 +53,7 @@ impl Default for ServerFile {
             max_connections: 4096,
             max_header_bytes: 64 * 1024,
             tls: None,
+            admin_token: None,
         }
     }
 }

@@ -305,3 +305,77 @@ async fn operators_list_show_replay_and_purge_from_the_command_line() {
     );
     gate.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
+    use http::Method;
+    let up = Upstream::start().await;
+    up.set(Behavior::Status(404));
+    let fixture = queued().upstream(&up);
+    let token_file = fixture.dir().join("admin-token");
+    std::fs::write(&token_file, "adm1n-t0ken-do-not-log").unwrap();
+    let gate = fixture
+        .server_extra(&format!("admin_token = \"file:{}\"", token_file.display()))
+        .start()
+        .await;
+    assert_eq!(gate.deliver(&stripe_event("evt_adm")).await.status, 202);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listed = loop {
+        let listed = gate.admin("/queue?state=dead").await;
+        if listed.json()["jobs"]
+            .as_array()
+            .is_some_and(|j| !j.is_empty())
+            || Instant::now() > deadline
+        {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(listed.status, 200);
+    let job = &listed.json()["jobs"][0];
+    assert_eq!(job["key"], "evt_adm");
+    assert_eq!(job["state"], "dead");
+    assert_eq!(job["last_status"], 404);
+
+    let replay = |auth: Option<&'static str>| {
+        let headers: Vec<(String, String)> = auth
+            .map(|a| vec![("authorization".to_owned(), a.to_owned())])
+            .unwrap_or_default();
+        let addr = gate.admin_addr;
+        async move {
+            crate::support::gate::send(addr, Method::POST, "/queue/replay?dead=true", &headers, "")
+                .await
+        }
+    };
+    assert_eq!(replay(None).await.status, 401);
+    assert_eq!(replay(Some("Bearer wrong")).await.status, 401);
+    let refused = replay(Some("Bearer wrong")).await;
+    assert!(
+        !String::from_utf8_lossy(&refused.body).contains("adm1n"),
+        "no token echoed"
+    );
+    assert_eq!(up.count(), 1, "nothing replayed without the token");
+
+    up.set(Behavior::Status(200));
+    let done = replay(Some("Bearer adm1n-t0ken-do-not-log")).await;
+    assert_eq!(done.status, 200);
+    assert_eq!(done.json()["replayed"], 1);
+    until("the replayed delivery", || up.count() == 2).await;
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_an_admin_token_replay_is_refused() {
+    let up = Upstream::start().await;
+    let gate = queued().upstream(&up).start().await;
+    let answer = crate::support::gate::send(
+        gate.admin_addr,
+        http::Method::POST,
+        "/queue/replay?dead=true",
+        &[("authorization".into(), "Bearer anything".into())],
+        "",
+    )
+    .await;
+    assert_eq!(answer.status, 401);
+    gate.shutdown().await;
+}

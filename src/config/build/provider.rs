@@ -272,7 +272,7 @@ fn public_url(i: &mut Issues, at: &str, text: Option<&str>) -> String {
     text.to_owned()
 }
 
-fn secret(i: &mut Issues, at: &str, entry: &SecretFile) -> Option<SecretSpec> {
+pub(super) fn secret(i: &mut Issues, at: &str, entry: &SecretFile) -> Option<SecretSpec> {
     let (source, not_after) = match entry {
         SecretFile::Source(s) => (s.as_str(), None),
         SecretFile::Table(t) => (t.source.as_str(), t.not_after.as_deref()),

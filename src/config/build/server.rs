@@ -29,6 +29,10 @@ pub(super) fn server(i: &mut Issues, s: &ServerFile) -> ServerSettings {
             cert: PathBuf::from(&t.cert),
             key: PathBuf::from(&t.key),
         }),
+        admin_token: s
+            .admin_token
+            .as_ref()
+            .and_then(|t| super::provider::secret(i, "server.admin_token", t)),
     };
     if s.max_connections == 0 {
         i.push("server.max_connections", "must be greater than 0");
