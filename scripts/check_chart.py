@@ -232,7 +232,7 @@ def roundtrip(config, values_files):
     values = {}
     for path in values_files:
         values = merge(values, yaml.safe_load(Path(path).read_text()) or {})
-    expected = {k: prune(values.get(k) or {}) for k in ("server", "upstream", "store", "telemetry", "providers")}
+    expected = {k: prune(values.get(k) or {}) for k in ("server", "upstream", "store", "telemetry", "queue", "providers")}
     if expected["store"].get("backend") != "sqlite":
         expected["store"].pop("path", None)
     if not expected["upstream"].get("url"):
@@ -241,7 +241,7 @@ def roundtrip(config, values_files):
     got = {k: got.get(k, {}) for k in expected}
     need(got == expected, f"config.toml does not say what the values say:\n  values: {expected}\n  toml:   {got}")
     providers = ", ".join(sorted(expected["providers"])) or "none"
-    print(f"    config.toml == values (server, upstream, store, telemetry, providers: {providers})")
+    print(f"    config.toml == values (server, upstream, store, telemetry, queue, providers: {providers})")
 
 
 # --- monitoring --------------------------------------------------------------

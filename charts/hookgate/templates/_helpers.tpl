@@ -195,6 +195,11 @@ null values are left out, so `key: null` falls back to hookgate's default.
 [telemetry]
 {{- include "hookgate.toml.table" . }}
 {{- end }}
+{{- with .Values.queue }}
+
+[queue]
+{{- include "hookgate.toml.table" . }}
+{{- end }}
 {{- range $name, $provider := .Values.providers }}
 {{- if not (kindIs "invalid" $provider) }}
 
