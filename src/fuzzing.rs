@@ -41,7 +41,55 @@ pub const TARGETS: &[Target] = &[
     ("key_extraction", key_extraction),
     ("fingerprint", fingerprint),
     ("config", config),
+    ("path_normalization", path_normalization),
 ];
+
+/// Routing's path normalization (`crate::route`), on any path text.
+///
+/// Invariants: the canonical form is absolute, has no empty, `.` or `..`
+/// segment and no `;`, and is its own canonical form; a path and its
+/// canonical form route alike; routing never panics, and a path that routes
+/// to a provider has the provider's canonical path (case folded).
+pub fn path_normalization(data: &[u8]) {
+    use crate::route::{Route, RouteSpec, Routes, canonical, lenient};
+    let text = String::from_utf8_lossy(data);
+    let routes = Routes::new([
+        RouteSpec {
+            path: "/webhooks/stripe",
+            case_sensitive: false,
+        },
+        RouteSpec {
+            path: "/hooks/Exact.v1/",
+            case_sensitive: true,
+        },
+    ]);
+    let route = routes.route(&text);
+    let _ = lenient(&text, true);
+    let _ = lenient(&text, false);
+    if let Ok(canon) = canonical(&text) {
+        assert!(canon.starts_with('/'), "{canon:?}");
+        assert!(!canon.contains(';'), "{canon:?}");
+        if canon != "/" {
+            for segment in canon[1..].split('/') {
+                assert!(
+                    !matches!(segment, "" | "." | ".."),
+                    "{canon:?} from {text:?}"
+                );
+            }
+        }
+        assert_eq!(
+            canonical(&canon).as_deref(),
+            Ok(canon.as_str()),
+            "not idempotent"
+        );
+        if let Route::Provider(i) = route {
+            assert_eq!(routes.route(&canon), Route::Provider(i), "{text:?}");
+        }
+        if route == Route::Provider(0) {
+            assert_eq!(canon.to_ascii_lowercase(), "/webhooks/stripe");
+        }
+    }
+}
 
 /// A P-256 verification key (SendGrid's documentation example).
 const SENDGRID_PUBLIC_KEY: &str = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE83T4O/n84iotIvIW4mdBgQ/7dAfSmpqIM8kF9mN1flpVKS3GRqe62gw+2fNNRaINXvVpiglSI8eNEc6wEA3F+g==";
