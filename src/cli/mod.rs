@@ -359,6 +359,14 @@ fn verify(
     p.scheme.verify(&delivery, active)
 }
 
+/// The configured store, for a command; the error says why not.
+async fn open_store(settings: &Settings) -> Result<Store, ExitCode> {
+    Store::open(&settings.store).await.map_err(|e| {
+        eprintln!("cannot open the store: {e}");
+        ExitCode::FAILURE
+    })
+}
+
 /// `hookgate keys get|forget`.
 pub async fn keys(settings: &Settings, action: &KeysAction) -> ExitCode {
     let (KeysAction::Get { provider, key } | KeysAction::Forget { provider, key }) = action;
@@ -366,12 +374,9 @@ pub async fn keys(settings: &Settings, action: &KeysAction) -> ExitCode {
         eprintln!("no provider named {provider} in the configuration");
         return ExitCode::from(EXIT_BAD_CONFIG);
     }
-    let store = match Store::open(&settings.store).await {
+    let store = match open_store(settings).await {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("cannot open the store: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let scoped = ScopedKey::new(provider, key.trim().to_lowercase());
     let result = match action {

@@ -7,7 +7,6 @@ use clap::Subcommand;
 
 use super::EXIT_BAD_CONFIG;
 use crate::settings::Settings;
-use crate::store::Store;
 use crate::store::outbox::{JobFilter, JobState, JobSummary};
 
 #[derive(Debug, Subcommand)]
@@ -67,12 +66,9 @@ pub async fn queue(settings: &Settings, action: &QueueAction) -> ExitCode {
             return ExitCode::from(EXIT_BAD_CONFIG);
         }
     };
-    let store = match Store::open(&settings.store).await {
+    let store = match super::open_store(settings).await {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("cannot open the store: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let result = match action {
         QueueAction::List { limit, .. } => store.jobs(filter, *limit).await.map(|jobs| {
