@@ -7,45 +7,29 @@
 //! The gate records into [`Metrics`] only; it hands each measurement to
 //! every [`Recorder`] in use.
 
+mod catalog;
+mod labels;
 mod otlp;
 mod prometheus;
 
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use crate::settings::TelemetrySettings;
 use crate::store::PartitionHealth;
 
+// Every declared metric, by name: a new one needs no import.
+use self::catalog::*;
+use self::labels::{Labels, Value};
 use self::otlp::Otlp;
 pub use self::otlp::OtlpError;
 use self::prometheus::Prometheus;
 
-/// Latency buckets in seconds, from 0.25 ms doubling to about 16 s.
-const LATENCY_BUCKETS: [f64; 17] = {
-    let mut buckets = [0.000_25; 17];
-    let mut i = 1;
-    while i < buckets.len() {
-        buckets[i] = buckets[i - 1] * 2.0;
-        i += 1;
-    }
-    buckets
-};
-
-/// What every export records.
+/// What every export records. Each builds one instrument per entry of
+/// [`catalog::ALL`] and finds it by the descriptor's `index`.
 trait Recorder: Send + Sync {
-    /// A finished delivery and its duration.
-    fn delivery(&self, provider: &str, outcome: &'static str, elapsed: Duration);
-    /// A verified delivery, by the index of the secret that matched.
-    fn secret_match(&self, provider: &str, index: usize);
-    /// How long the application took to answer.
-    fn upstream(&self, provider: &str, elapsed: Duration);
-    /// One dedupe store operation.
-    fn store(&self, backend: &'static str, operation: &'static str, elapsed: Duration);
-    /// A background retry of a failed completion mark.
-    fn mark_retry(&self, provider: &str);
-    /// Something a sender should never do, by kind (`payload_mismatch`).
-    fn anomaly(&self, provider: &str, kind: &'static str);
-    /// The postgres store's partition maintenance.
-    fn partition_health(&self, health: &PartitionHealth);
+    /// Records measurements of metrics that share one label set, built
+    /// once for all of them and for both exports.
+    fn record(&self, labels: &Labels, measurements: &[Measurement]);
 }
 
 /// Every instrument the gate records into.
@@ -65,39 +49,60 @@ impl Metrics {
         })
     }
 
-    fn each(&self, record: impl Fn(&dyn Recorder)) {
-        record(&self.prometheus);
-        if let Some(otlp) = &self.otlp {
-            record(otlp);
-        }
-    }
-
+    /// A finished delivery and its duration.
     pub fn delivery(&self, provider: &str, outcome: &'static str, elapsed: Duration) {
-        self.each(|r| r.delivery(provider, outcome, elapsed));
+        let labels = DELIVERIES.labels([Value::Name(provider), Value::Code(outcome)]);
+        self.record(
+            &labels,
+            &[DELIVERIES.add(1), REQUEST_DURATION.observe(elapsed)],
+        );
     }
 
+    /// A verified delivery, by the index of the secret that matched.
     pub fn secret_match(&self, provider: &str, index: usize) {
-        self.each(|r| r.secret_match(provider, index));
+        let labels = SECRET_MATCHES.labels([Value::Name(provider), Value::Index(index)]);
+        self.record(&labels, &[SECRET_MATCHES.add(1)]);
     }
 
+    /// How long the application took to answer.
     pub fn upstream(&self, provider: &str, elapsed: Duration) {
-        self.each(|r| r.upstream(provider, elapsed));
+        let labels = UPSTREAM_DURATION.labels([Value::Name(provider)]);
+        self.record(&labels, &[UPSTREAM_DURATION.observe(elapsed)]);
     }
 
+    /// One dedupe store operation.
     pub fn store(&self, backend: &'static str, operation: &'static str, elapsed: Duration) {
-        self.each(|r| r.store(backend, operation, elapsed));
+        let labels = STORE_DURATION.labels([Value::Code(backend), Value::Code(operation)]);
+        self.record(&labels, &[STORE_DURATION.observe(elapsed)]);
     }
 
+    /// A background retry of a failed completion mark.
     pub fn mark_retry(&self, provider: &str) {
-        self.each(|r| r.mark_retry(provider));
+        let labels = MARK_RETRIES.labels([Value::Name(provider)]);
+        self.record(&labels, &[MARK_RETRIES.add(1)]);
     }
 
+    /// Something a sender should never do, by kind (`payload_mismatch`).
     pub fn anomaly(&self, provider: &str, kind: &'static str) {
-        self.each(|r| r.anomaly(provider, kind));
+        let labels = ANOMALIES.labels([Value::Name(provider), Value::Code(kind)]);
+        self.record(&labels, &[ANOMALIES.add(1)]);
     }
 
+    /// The postgres store's partition maintenance.
     pub fn partition_health(&self, health: &PartitionHealth) {
-        self.each(|r| r.partition_health(health));
+        let seconds = |d: Option<Duration>| d.map_or(0, |d| d.as_secs());
+        let since_epoch = health
+            .last_maintenance
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok());
+        self.record(
+            &Labels::none(),
+            &[
+                POSTGRES_ESTIMATED_ROWS.set(health.estimated_rows),
+                POSTGRES_OLDEST_PARTITION_AGE.set(seconds(health.oldest_partition_age)),
+                POSTGRES_PARTITIONS_AHEAD.set(u64::from(health.partitions_ahead)),
+                POSTGRES_LAST_MAINTENANCE.set(seconds(since_epoch)),
+            ],
+        );
     }
 
     /// The Prometheus text exposition for `/metrics`.
@@ -111,16 +116,99 @@ impl Metrics {
             otlp.shutdown().await;
         }
     }
+
+    fn record(&self, labels: &Labels, measurements: &[Measurement]) {
+        // A label set shared by two metrics must suit both.
+        debug_assert!(
+            measurements
+                .iter()
+                .all(|m| m.metric().labels == labels.names()),
+            "{measurements:?} with {labels:?}"
+        );
+        self.prometheus.record(labels, measurements);
+        if let Some(otlp) = &self.otlp {
+            otlp.record(labels, measurements);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use super::otlp::capture::Capture;
     use super::*;
 
+    /// Calls every method that records, so that every declared metric has
+    /// a series.
+    fn record_everything(m: &Metrics) {
+        m.delivery("stripe", "forwarded", Duration::from_millis(3));
+        m.secret_match("stripe", 12);
+        m.upstream("stripe", Duration::from_millis(2));
+        m.store("sqlite", "claim", Duration::from_micros(300));
+        m.mark_retry("stripe");
+        m.anomaly("stripe", "payload_mismatch");
+        m.partition_health(&PartitionHealth {
+            estimated_rows: 1234,
+            oldest_partition_age: Some(Duration::from_secs(3 * 86_400)),
+            partitions_ahead: 3,
+            last_maintenance: Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+        });
+    }
+
     #[test]
-    fn latency_buckets_double_from_a_quarter_millisecond() {
-        assert_eq!(LATENCY_BUCKETS[0], 0.000_25);
-        assert_eq!(LATENCY_BUCKETS[16], 0.000_25 * 65_536.0);
-        assert!(LATENCY_BUCKETS.windows(2).all(|w| w[1] == w[0] * 2.0));
+    fn both_exports_carry_every_declared_metric_as_declared() {
+        let capture = Capture::default();
+        let m = Metrics {
+            prometheus: Prometheus::new(),
+            otlp: Some(capture.otlp()),
+        };
+        record_everything(&m);
+        let text = m.encode();
+        let exported = capture.take(m.otlp.as_ref().unwrap());
+
+        for metric in ALL {
+            let name = metric.name;
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            let kind = format!("{:?}", metric.kind).to_lowercase();
+            assert!(
+                text.contains(&format!("# HELP {family} {}.\n", metric.help)),
+                "{name}"
+            );
+            assert!(
+                text.contains(&format!("# TYPE {family} {kind}\n")),
+                "{name}"
+            );
+            let series = match metric.kind {
+                Kind::Histogram => format!("{name}_count"),
+                _ => name.to_owned(),
+            };
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&series) && !l.starts_with(&format!("{series}_")))
+                .unwrap_or_else(|| panic!("no series of {name} in\n{text}"));
+            let labels: Vec<_> = metric.labels.iter().map(|l| format!("{l}=")).collect();
+            assert!(labels.iter().all(|l| line.contains(l)), "{line}");
+
+            let otlp = exported
+                .iter()
+                .find(|e| e.name == name)
+                .unwrap_or_else(|| panic!("{name} not exported by OTLP"));
+            assert_eq!(otlp.description, metric.help, "{name}");
+            assert_eq!(otlp.unit, metric.unit(), "{name}");
+            assert!(!otlp.points.is_empty(), "{name}");
+            for point in &otlp.points {
+                let mut names = point.clone();
+                names.sort();
+                let mut declared = metric.labels.to_vec();
+                declared.sort();
+                assert_eq!(names, declared, "{name}");
+            }
+        }
+        assert_eq!(
+            exported.len(),
+            ALL.len(),
+            "OTLP exports an undeclared metric"
+        );
     }
 }

@@ -7,8 +7,9 @@
 //! variable adds headers (a collector's token, say) without putting them
 //! in the config file.
 
+use std::borrow::Cow;
 use std::fmt;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -22,12 +23,14 @@ use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider as 
 use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use tokio::runtime::Handle;
 
-use super::{LATENCY_BUCKETS, Recorder};
+use super::Recorder;
+use super::catalog::{ALL, Descriptor, Kind, Measurement};
+use super::labels::Labels;
 use crate::settings::OtlpSettings;
-use crate::store::PartitionHealth;
 
 /// The most of a collector's answer read (it is only checked for success).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
@@ -42,17 +45,14 @@ pub enum OtlpError {
 
 pub struct Otlp {
     provider: SdkMeterProvider,
-    deliveries: Counter<u64>,
-    request_duration: Histogram<f64>,
-    upstream_duration: Histogram<f64>,
-    store_duration: Histogram<f64>,
-    secret_matches: Counter<u64>,
-    mark_retries: Counter<u64>,
-    anomalies: Counter<u64>,
-    estimated_rows: Gauge<u64>,
-    oldest_age_seconds: Gauge<u64>,
-    ahead: Gauge<u64>,
-    last_maintenance: Gauge<u64>,
+    /// One per entry of the catalog, at its `index`.
+    instruments: Vec<Instrument>,
+}
+
+enum Instrument {
+    Counter(Counter<u64>),
+    Histogram(Histogram<f64>),
+    Gauge(Gauge<u64>),
 }
 
 impl Otlp {
@@ -69,59 +69,20 @@ impl Otlp {
         let reader = PeriodicReader::builder(exporter)
             .with_interval(settings.interval)
             .build();
+        Ok(Self::with_reader(reader))
+    }
+
+    fn with_reader(reader: PeriodicReader<impl PushMetricExporter>) -> Self {
         let provider = SdkMeterProvider::builder()
             .with_reader(reader)
             .with_resource(Resource::builder().with_service_name("hookgate").build())
             .build();
         let meter = provider.meter("hookgate");
-        Ok(Self {
-            deliveries: meter
-                .u64_counter("hookgate_deliveries_total")
-                .with_description("Deliveries by provider and outcome")
-                .build(),
-            request_duration: latency(
-                &meter,
-                "hookgate_request_duration_seconds",
-                "Time from the request head to the answer, by provider and outcome",
-            ),
-            upstream_duration: latency(
-                &meter,
-                "hookgate_upstream_duration_seconds",
-                "Time the application took to answer a delivery",
-            ),
-            store_duration: latency(
-                &meter,
-                "hookgate_store_operation_duration_seconds",
-                "Dedupe store operations by backend and operation",
-            ),
-            secret_matches: meter
-                .u64_counter("hookgate_secret_matches_total")
-                .with_description("Verified deliveries by the index of the secret that matched")
-                .build(),
-            mark_retries: meter
-                .u64_counter("hookgate_mark_retries_total")
-                .with_description("Background retries of a failed completion mark")
-                .build(),
-            anomalies: meter
-                .u64_counter("hookgate_anomalies_total")
-                .with_description(
-                    "Deliveries a sender should never make, by kind (payload_mismatch)",
-                )
-                .build(),
-            estimated_rows: meter.u64_gauge("hookgate_postgres_estimated_rows").build(),
-            oldest_age_seconds: meter
-                .u64_gauge("hookgate_postgres_oldest_partition_age_seconds")
-                .with_unit("s")
-                .build(),
-            ahead: meter
-                .u64_gauge("hookgate_postgres_partitions_ahead")
-                .build(),
-            last_maintenance: meter
-                .u64_gauge("hookgate_postgres_last_maintenance_timestamp_seconds")
-                .with_unit("s")
-                .build(),
+        let instruments = ALL.iter().map(|m| Instrument::new(&meter, m)).collect();
+        Self {
             provider,
-        })
+            instruments,
+        }
     }
 
     /// Exports what is left and stops the exporter's thread. The SDK blocks
@@ -137,70 +98,60 @@ impl Otlp {
     }
 }
 
-fn latency(meter: &Meter, name: &'static str, description: &'static str) -> Histogram<f64> {
-    meter
-        .f64_histogram(name)
-        .with_description(description)
-        .with_unit("s")
-        .with_boundaries(LATENCY_BUCKETS.to_vec())
-        .build()
-}
-
-fn provider_label(provider: &str) -> KeyValue {
-    KeyValue::new("provider", provider.to_owned())
-}
-
-fn seconds_since_epoch(t: Option<std::time::SystemTime>) -> u64 {
-    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs())
+impl Instrument {
+    fn new(meter: &Meter, metric: &Descriptor) -> Self {
+        match metric.kind {
+            Kind::Counter => Self::Counter(
+                meter
+                    .u64_counter(metric.name)
+                    .with_description(metric.help)
+                    .with_unit(metric.unit())
+                    .build(),
+            ),
+            Kind::Histogram => Self::Histogram(
+                meter
+                    .f64_histogram(metric.name)
+                    .with_description(metric.help)
+                    .with_unit(metric.unit())
+                    .with_boundaries(metric.buckets.to_vec())
+                    .build(),
+            ),
+            Kind::Gauge => Self::Gauge(
+                meter
+                    .u64_gauge(metric.name)
+                    .with_description(metric.help)
+                    .with_unit(metric.unit())
+                    .build(),
+            ),
+        }
+    }
 }
 
 impl Recorder for Otlp {
-    fn delivery(&self, provider: &str, outcome: &'static str, elapsed: Duration) {
-        let labels = [provider_label(provider), KeyValue::new("outcome", outcome)];
-        self.deliveries.add(1, &labels);
-        self.request_duration.record(elapsed.as_secs_f64(), &labels);
-    }
-
-    fn secret_match(&self, provider: &str, index: usize) {
-        let labels = [
-            provider_label(provider),
-            KeyValue::new("secret", index.to_string()),
-        ];
-        self.secret_matches.add(1, &labels);
-    }
-
-    fn upstream(&self, provider: &str, elapsed: Duration) {
-        self.upstream_duration
-            .record(elapsed.as_secs_f64(), &[provider_label(provider)]);
-    }
-
-    fn store(&self, backend: &'static str, operation: &'static str, elapsed: Duration) {
-        self.store_duration.record(
-            elapsed.as_secs_f64(),
-            &[
-                KeyValue::new("backend", backend),
-                KeyValue::new("operation", operation),
-            ],
-        );
-    }
-
-    fn mark_retry(&self, provider: &str) {
-        self.mark_retries.add(1, &[provider_label(provider)]);
-    }
-
-    fn anomaly(&self, provider: &str, kind: &'static str) {
-        self.anomalies
-            .add(1, &[provider_label(provider), KeyValue::new("kind", kind)]);
-    }
-
-    fn partition_health(&self, health: &PartitionHealth) {
-        self.estimated_rows.record(health.estimated_rows, &[]);
-        self.oldest_age_seconds
-            .record(health.oldest_partition_age.map_or(0, |a| a.as_secs()), &[]);
-        self.ahead.record(u64::from(health.partitions_ahead), &[]);
-        self.last_maintenance
-            .record(seconds_since_epoch(health.last_maintenance), &[]);
+    fn record(&self, labels: &Labels, measurements: &[Measurement]) {
+        let names = labels.names();
+        let attribute = |i: usize, value: &Cow<'static, str>| {
+            KeyValue::new(names.get(i).copied().unwrap_or(""), value.clone())
+        };
+        // One per `MAX_LABELS`; the padding is cut off below. Only a copied
+        // name is copied again.
+        let [first, second] = labels.padded();
+        let attributes = [attribute(0, first), attribute(1, second)];
+        let attributes = &attributes[..names.len()];
+        for measurement in measurements {
+            match (measurement, &self.instruments[measurement.metric().index]) {
+                (Measurement::Add(_, n), Instrument::Counter(counter)) => {
+                    counter.add(*n, attributes);
+                }
+                (Measurement::Observe(_, value), Instrument::Histogram(histogram)) => {
+                    histogram.record(*value, attributes);
+                }
+                (Measurement::Set(_, value), Instrument::Gauge(gauge)) => {
+                    gauge.record(*value, attributes);
+                }
+                _ => unreachable!("{measurement:?}: the catalog types each metric by its kind"),
+            }
+        }
     }
 }
 
@@ -269,5 +220,96 @@ impl HttpClient for ExportClient {
             Err(e) => tracing::warn!(error = %e, "OTLP export failed"),
         }
         result
+    }
+}
+
+/// An exporter that keeps what it is handed, for tests.
+#[cfg(test)]
+pub(super) mod capture {
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry_sdk::error::OTelSdkResult;
+    use opentelemetry_sdk::metrics::Temporality;
+    use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
+
+    use super::*;
+
+    /// One exported metric, with the attribute names of each data point.
+    #[derive(Debug)]
+    pub struct Exported {
+        pub name: String,
+        pub description: String,
+        pub unit: String,
+        pub points: Vec<Vec<String>>,
+    }
+
+    #[derive(Clone, Default)]
+    pub struct Capture(Arc<Mutex<Vec<Exported>>>);
+
+    impl Capture {
+        /// An [`Otlp`] that exports here, when [`Capture::take`] asks.
+        pub fn otlp(&self) -> Otlp {
+            let reader = PeriodicReader::builder(self.clone())
+                .with_interval(Duration::from_secs(3600))
+                .build();
+            Otlp::with_reader(reader)
+        }
+
+        pub fn take(&self, otlp: &Otlp) -> Vec<Exported> {
+            otlp.provider.force_flush().expect("an export");
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+
+    fn points<T>(data: &MetricData<T>) -> Vec<Vec<String>> {
+        let names =
+            |a: &mut dyn Iterator<Item = &KeyValue>| a.map(|kv| kv.key.to_string()).collect();
+        match data {
+            MetricData::Gauge(g) => g
+                .data_points()
+                .map(|p| names(&mut p.attributes()))
+                .collect(),
+            MetricData::Sum(s) => s
+                .data_points()
+                .map(|p| names(&mut p.attributes()))
+                .collect(),
+            MetricData::Histogram(h) => h
+                .data_points()
+                .map(|p| names(&mut p.attributes()))
+                .collect(),
+            MetricData::ExponentialHistogram(_) => unreachable!("not declared"),
+        }
+    }
+
+    impl PushMetricExporter for Capture {
+        async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+            let exported = metrics
+                .scope_metrics()
+                .flat_map(|s| s.metrics())
+                .map(|m| Exported {
+                    name: m.name().to_owned(),
+                    description: m.description().to_owned(),
+                    unit: m.unit().to_owned(),
+                    points: match m.data() {
+                        AggregatedMetrics::F64(d) => points(d),
+                        AggregatedMetrics::U64(d) => points(d),
+                        AggregatedMetrics::I64(d) => points(d),
+                    },
+                });
+            *self.0.lock().unwrap() = exported.collect();
+            Ok(())
+        }
+
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+
+        fn temporality(&self) -> Temporality {
+            Temporality::Cumulative
+        }
     }
 }

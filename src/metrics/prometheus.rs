@@ -6,74 +6,49 @@
 //! instead), so OTLP export (`otlp.rs`) uses the OpenTelemetry SDK and the
 //! scrape endpoint uses this.
 
-use std::time::Duration;
-
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
-use super::{LATENCY_BUCKETS, Recorder};
-use crate::store::PartitionHealth;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DeliveryLabels {
-    provider: String,
-    outcome: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProviderLabels {
-    provider: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StoreLabels {
-    backend: &'static str,
-    operation: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AnomalyLabels {
-    provider: String,
-    kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SecretLabels {
-    provider: String,
-    secret: String,
-}
-
-type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+use super::Recorder;
+use super::catalog::{ALL, Descriptor, Kind, Measurement};
+use super::labels::Labels;
 
 /// The instruments behind `/metrics`.
 pub struct Prometheus {
     registry: Registry,
-    deliveries: Family<DeliveryLabels, Counter>,
-    request_duration: Histograms<DeliveryLabels>,
-    upstream_duration: Histograms<ProviderLabels>,
-    store_duration: Histograms<StoreLabels>,
-    secret_matches: Family<SecretLabels, Counter>,
-    mark_retries: Family<ProviderLabels, Counter>,
-    anomalies: Family<AnomalyLabels, Counter>,
-    partitions: PartitionGauges,
+    /// One per entry of the catalog, at its `index`.
+    instruments: Vec<Instrument>,
 }
 
-/// The postgres store's partition maintenance, as gauges (set only on that
-/// backend). Claim latency is `hookgate_store_operation_duration_seconds`.
-#[derive(Default)]
-struct PartitionGauges {
-    estimated_rows: Gauge,
-    oldest_age_seconds: Gauge,
-    ahead: Gauge,
-    last_maintenance: Gauge,
+/// A family of series, one per label set recorded. A metric without labels
+/// has its one series from the start, so it reads 0 until recorded.
+enum Instrument {
+    Counter(Family<Labels, Counter>),
+    Histogram(Family<Labels, Histogram, Buckets>),
+    Gauge(Family<Labels, Gauge>),
 }
 
-fn latency() -> Histogram {
-    Histogram::new(LATENCY_BUCKETS.iter().copied())
+impl EncodeLabelSet for Labels {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        for label in self.iter() {
+            label.encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
+}
+
+/// Builds each new series of a histogram family with the declared buckets.
+#[derive(Clone, Debug)]
+struct Buckets(&'static [f64]);
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
 }
 
 impl Default for Prometheus {
@@ -85,80 +60,13 @@ impl Default for Prometheus {
 impl Prometheus {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let deliveries = Family::default();
-        let request_duration = Histograms::new_with_constructor(latency as fn() -> Histogram);
-        let upstream_duration = Histograms::new_with_constructor(latency as fn() -> Histogram);
-        let store_duration = Histograms::new_with_constructor(latency as fn() -> Histogram);
-        let secret_matches = Family::default();
-        let mark_retries = Family::default();
-        let anomalies = Family::default();
-        // prometheus-client appends `_total` to counters.
-        registry.register(
-            "hookgate_deliveries",
-            "Deliveries by provider and outcome",
-            deliveries.clone(),
-        );
-        registry.register(
-            "hookgate_request_duration_seconds",
-            "Time from the request head to the answer, by provider and outcome",
-            request_duration.clone(),
-        );
-        registry.register(
-            "hookgate_upstream_duration_seconds",
-            "Time the application took to answer a delivery",
-            upstream_duration.clone(),
-        );
-        registry.register(
-            "hookgate_store_operation_duration_seconds",
-            "Dedupe store operations by backend and operation",
-            store_duration.clone(),
-        );
-        registry.register(
-            "hookgate_secret_matches",
-            "Verified deliveries by the index of the secret that matched",
-            secret_matches.clone(),
-        );
-        registry.register(
-            "hookgate_mark_retries",
-            "Background retries of a failed completion mark",
-            mark_retries.clone(),
-        );
-        registry.register(
-            "hookgate_anomalies",
-            "Deliveries a sender should never make, by kind (payload_mismatch)",
-            anomalies.clone(),
-        );
-        let partitions = PartitionGauges::default();
-        registry.register(
-            "hookgate_postgres_estimated_rows",
-            "Rows in processed_events, from the planner's statistics",
-            partitions.estimated_rows.clone(),
-        );
-        registry.register(
-            "hookgate_postgres_oldest_partition_age_seconds",
-            "Age of the oldest processed_events partition's first day",
-            partitions.oldest_age_seconds.clone(),
-        );
-        registry.register(
-            "hookgate_postgres_partitions_ahead",
-            "Daily partitions provisioned after today",
-            partitions.ahead.clone(),
-        );
-        registry.register(
-            "hookgate_postgres_last_maintenance_timestamp_seconds",
-            "When partition maintenance last succeeded (Unix time; 0: never)",
-            partitions.last_maintenance.clone(),
-        );
+        let instruments = ALL
+            .iter()
+            .map(|metric| Instrument::register(&mut registry, metric))
+            .collect();
         Self {
-            partitions,
             registry,
-            deliveries,
-            request_duration,
-            upstream_duration,
-            store_duration,
-            secret_matches,
-            mark_retries,
-            anomalies,
+            instruments,
         }
     }
 
@@ -171,83 +79,71 @@ impl Prometheus {
     }
 }
 
+impl Instrument {
+    fn register(registry: &mut Registry, metric: &Descriptor) -> Self {
+        match metric.kind {
+            Kind::Counter => Self::Counter(register(registry, metric, Family::default())),
+            Kind::Histogram => {
+                let buckets = Buckets(metric.buckets);
+                Self::Histogram(register(
+                    registry,
+                    metric,
+                    Family::new_with_constructor(buckets),
+                ))
+            }
+            Kind::Gauge => Self::Gauge(register(registry, metric, Family::default())),
+        }
+    }
+}
+
+fn register<M, C>(
+    registry: &mut Registry,
+    metric: &Descriptor,
+    family: Family<Labels, M, C>,
+) -> Family<Labels, M, C>
+where
+    Family<Labels, M, C>: Metric + Clone,
+    C: MetricConstructor<M>,
+{
+    // prometheus-client appends `_total` to counters.
+    let name = metric.name.strip_suffix("_total").unwrap_or(metric.name);
+    registry.register(name, metric.help, family.clone());
+    if metric.labels.is_empty() {
+        drop(family.get_or_create(&Labels::none()));
+    }
+    family
+}
+
 impl Recorder for Prometheus {
-    fn delivery(&self, provider: &str, outcome: &'static str, elapsed: Duration) {
-        let labels = DeliveryLabels {
-            provider: provider.to_owned(),
-            outcome,
-        };
-        self.request_duration
-            .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
-        self.deliveries.get_or_create(&labels).inc();
-    }
-
-    fn secret_match(&self, provider: &str, index: usize) {
-        self.secret_matches
-            .get_or_create(&SecretLabels {
-                provider: provider.to_owned(),
-                secret: index.to_string(),
-            })
-            .inc();
-    }
-
-    fn upstream(&self, provider: &str, elapsed: Duration) {
-        self.upstream_duration
-            .get_or_create(&ProviderLabels {
-                provider: provider.to_owned(),
-            })
-            .observe(elapsed.as_secs_f64());
-    }
-
-    fn store(&self, backend: &'static str, operation: &'static str, elapsed: Duration) {
-        self.store_duration
-            .get_or_create(&StoreLabels { backend, operation })
-            .observe(elapsed.as_secs_f64());
-    }
-
-    fn mark_retry(&self, provider: &str) {
-        self.mark_retries
-            .get_or_create(&ProviderLabels {
-                provider: provider.to_owned(),
-            })
-            .inc();
-    }
-
-    fn anomaly(&self, provider: &str, kind: &'static str) {
-        self.anomalies
-            .get_or_create(&AnomalyLabels {
-                provider: provider.to_owned(),
-                kind,
-            })
-            .inc();
-    }
-
-    fn partition_health(&self, health: &PartitionHealth) {
-        let g = &self.partitions;
-        g.estimated_rows
-            .set(i64::try_from(health.estimated_rows).unwrap_or(i64::MAX));
-        g.oldest_age_seconds.set(
-            health
-                .oldest_partition_age
-                .map_or(0, |a| a.as_secs() as i64),
-        );
-        g.ahead.set(i64::from(health.partitions_ahead));
-        let since_epoch = health
-            .last_maintenance
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
-        g.last_maintenance
-            .set(since_epoch.map_or(0, |d| d.as_secs() as i64));
+    fn record(&self, labels: &Labels, measurements: &[Measurement]) {
+        for measurement in measurements {
+            match (measurement, &self.instruments[measurement.metric().index]) {
+                (Measurement::Add(_, n), Instrument::Counter(family)) => {
+                    family.get_or_create(labels).inc_by(*n);
+                }
+                (Measurement::Observe(_, value), Instrument::Histogram(family)) => {
+                    family.get_or_create(labels).observe(*value);
+                }
+                (Measurement::Set(_, value), Instrument::Gauge(family)) => {
+                    family
+                        .get_or_create(labels)
+                        .set(i64::try_from(*value).unwrap_or(i64::MAX));
+                }
+                _ => unreachable!("{measurement:?}: the catalog types each metric by its kind"),
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use super::super::Metrics;
 
     #[test]
     fn names_and_labels_match_the_contract() {
-        let m = Prometheus::new();
+        let m = Metrics::default();
         m.delivery("stripe", "forwarded", Duration::from_millis(3));
         m.secret_match("stripe", 1);
         m.mark_retry("stripe");
