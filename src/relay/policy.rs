@@ -166,7 +166,8 @@ mod tests {
             decide(&q, 5, now, now, &answer(500, None)),
             Settle::Dead { .. }
         ));
-        let old = now - Duration::from_secs(3599);
+        // 3599.9 s old: any next attempt (at least 0.8 s away) is past it.
+        let old = now - Duration::from_millis(3_599_900);
         assert!(matches!(
             decide(&q, 1, old, now, &answer(500, None)),
             Settle::Dead { .. }
