@@ -11,6 +11,7 @@ use std::fmt;
 use std::path::Path;
 
 use figment::Figment;
+use figment::error::{Actual, Kind};
 use figment::providers::{Env, Format, Toml};
 use figment::value::Value;
 use serde::de::DeserializeOwned;
@@ -178,12 +179,52 @@ fn push_figment(issues: &mut Issues, prefix: &str, error: figment::Error) {
             "" => leaf.to_owned(),
             _ => format!("{prefix}.{leaf}"),
         };
-        match &e.kind {
-            figment::error::Kind::UnknownField(field, _) => issues.push(at(field), "unknown key"),
-            figment::error::Kind::MissingField(field) => issues.push(at(field), "required"),
-            kind if prefix.is_empty() => issues.push("(config file)", kind.to_string()),
-            kind => issues.push(prefix, kind.to_string()),
-        }
+        let message = match &e.kind {
+            Kind::UnknownField(field, _) => {
+                issues.push(at(field), "unknown key");
+                continue;
+            }
+            Kind::MissingField(field) => {
+                issues.push(at(field), "required");
+                continue;
+            }
+            // The value may be a pasted secret (`secrets = "whsec_..."`):
+            // say what type it was, never what it said.
+            Kind::InvalidType(found, expected) => {
+                format!("expected {expected}, found {}", type_of(found))
+            }
+            Kind::InvalidValue(found, expected) => {
+                format!("invalid {}, expected {expected}", type_of(found))
+            }
+            // A TOML syntax error quotes the offending source line, which
+            // may hold a secret: keep the position and the explanation.
+            Kind::Message(text) => text
+                .lines()
+                .filter(|line| !line.contains('|'))
+                .collect::<Vec<_>>()
+                .join(" "),
+            kind => kind.to_string(),
+        };
+        let at = if prefix.is_empty() {
+            "(config file)"
+        } else {
+            prefix
+        };
+        issues.push(at, message);
+    }
+}
+
+/// What kind of value figment found, without the value.
+fn type_of(found: &Actual) -> &'static str {
+    match found {
+        Actual::Bool(_) => "a boolean",
+        Actual::Unsigned(_) | Actual::Signed(_) => "an integer",
+        Actual::Float(_) => "a float",
+        Actual::Char(_) | Actual::Str(_) => "a string",
+        Actual::Bytes(_) => "bytes",
+        Actual::Seq => "a list",
+        Actual::Map => "a table",
+        _ => "another kind of value",
     }
 }
 

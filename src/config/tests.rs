@@ -231,3 +231,24 @@ fn a_replay_window_past_seven_days_is_refused() {
     assert_eq!(s.providers[0].tolerance, week);
     assert_eq!(s.providers[0].future_tolerance, week);
 }
+
+/// A secret pasted where a list or another type was expected, or on a line
+/// that does not parse, must not come back in the error (found by the
+/// `config` fuzz target).
+#[test]
+fn a_pasted_secret_is_never_echoed_in_an_error() {
+    let wrong_type =
+        "[providers.x]\nscheme = \"stripe\"\npath = \"/x\"\nsecrets = \"whsec_pasted_literal\"\n";
+    let joined = errors_text(&errors(wrong_type));
+    assert!(joined.contains("providers.x.secrets"), "{joined}");
+    assert!(
+        joined.contains("found a string"),
+        "says what it was: {joined}"
+    );
+    assert!(!joined.contains("whsec_pasted_literal"), "{joined}");
+
+    let syntax = "[providers.x]\nsecrets = [\"whsec_on_a_bad_line\" \"env:X\"]\n";
+    let joined = errors_text(&errors(syntax));
+    assert!(joined.contains("line 2"), "says where: {joined}");
+    assert!(!joined.contains("whsec_on_a_bad_line"), "{joined}");
+}
