@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 
 use crate::body;
 use crate::gate::Gate;
+use crate::settings::Mode;
 use crate::store::StoreError;
 use crate::store::outbox::{Job, Settle};
 use crate::upstream::UpstreamError;
@@ -31,6 +32,8 @@ const ATTEMPT: HeaderName = HeaderName::from_static("hookgate-attempt");
 /// How often an idle relay looks for due jobs (retries come due without a
 /// wake-up; new jobs wake it at once).
 const POLL: Duration = Duration::from_millis(250);
+/// How often the queue gauges are refreshed.
+const DEPTH_INTERVAL: Duration = Duration::from_secs(5);
 /// How long to wait after the store failed before trying again.
 const STORE_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -40,7 +43,12 @@ const STORE_BACKOFF: Duration = Duration::from_secs(1);
 pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
     let queue = &gate.settings.queue;
     let mut attempts: JoinSet<()> = JoinSet::new();
+    let mut next_depth = tokio::time::Instant::now();
     loop {
+        if tokio::time::Instant::now() >= next_depth {
+            report_depth(&gate).await;
+            next_depth = tokio::time::Instant::now() + DEPTH_INTERVAL;
+        }
         let room = queue.concurrency.saturating_sub(attempts.len());
         let took = if room == 0 || *stop.borrow() {
             Ok(0)
@@ -76,6 +84,38 @@ pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
         tracing::warn!(
             attempts = attempts.len(),
             "relay: grace elapsed with attempts in flight; their leases will expire"
+        );
+    }
+}
+
+/// Sets the queue gauges of every queue-mode provider (zero when it has
+/// no job).
+async fn report_depth(gate: &Gate) {
+    let depths = match gate.store.depth().await {
+        Ok(depths) => depths,
+        Err(e) => {
+            tracing::warn!(error = %e, "relay: reading the queue's depth failed");
+            return;
+        }
+    };
+    let now = SystemTime::now();
+    for p in gate
+        .providers
+        .iter()
+        .filter(|p| p.settings.mode == Mode::Queue)
+    {
+        let name = &p.settings.name;
+        let d = depths.iter().find(|d| &d.provider == name);
+        let oldest = d
+            .and_then(|d| d.oldest_pending)
+            .and_then(|t| now.duration_since(t).ok())
+            .unwrap_or_default();
+        gate.metrics.queue_depth(
+            name,
+            d.map_or(0, |d| d.pending),
+            d.map_or(0, |d| d.leased),
+            d.map_or(0, |d| d.dead),
+            oldest,
         );
     }
 }
@@ -128,6 +168,18 @@ async fn attempt(gate: Arc<Gate>, job: Job) {
         Settle::Retry { .. } => "retry",
         Settle::Dead { .. } => "dead",
     };
+    let metrics = &gate.metrics;
+    metrics.relay_attempt(&job.key.provider, outcome);
+    match &settle {
+        Settle::Delivered { .. } => {
+            let waited = SystemTime::now()
+                .duration_since(job.received_at)
+                .unwrap_or_default();
+            metrics.accept_to_delivery(&job.key.provider, waited);
+        }
+        Settle::Dead { .. } => metrics.dead_letter(&job.key.provider),
+        Settle::Retry { .. } => {}
+    }
     log(&job, outcome, status, &settle, started.elapsed());
     match gate.store.settle(job.id, &job.token, settle).await {
         Ok(true) => {}

@@ -119,6 +119,18 @@ pub(super) const LATENCY_BUCKETS: [f64; 17] = {
     buckets
 };
 
+/// Accept-to-delivery buckets in seconds: 0.1 s doubling to about 58 h,
+/// past the 3 days a job may wait at the most by default.
+pub(super) const QUEUE_BUCKETS: [f64; 22] = {
+    let mut buckets = [0.1; 22];
+    let mut i = 1;
+    while i < buckets.len() {
+        buckets[i] = buckets[i - 1] * 2.0;
+        i += 1;
+    }
+    buckets
+};
+
 /// Declares each metric as a `static` [`Metric`] and lists them all in
 /// [`ALL`], in the order both exports register them.
 macro_rules! catalog {
@@ -189,6 +201,33 @@ catalog! {
         name: "hookgate_anomalies_total",
         help: "Deliveries a sender should never make, by kind (payload_mismatch)",
         labels: ["provider", "kind"],
+    }
+    // Queue mode (SPEC section 1b).
+    QUEUE_DEPTH: Gauge {
+        name: "hookgate_queue_depth",
+        help: "Queue-mode jobs by provider and state (pending, leased, dead)",
+        labels: ["provider", "state"],
+    }
+    QUEUE_OLDEST_PENDING: Gauge {
+        name: "hookgate_queue_oldest_pending_seconds",
+        help: "Age of the oldest pending queue-mode job (0: none)",
+        labels: ["provider"],
+    }
+    RELAY_ATTEMPTS: Counter {
+        name: "hookgate_relay_attempts_total",
+        help: "Relay attempts by provider and outcome (delivered, retry, dead)",
+        labels: ["provider", "outcome"],
+    }
+    ACCEPT_TO_DELIVERY: Histogram {
+        name: "hookgate_accept_to_delivery_seconds",
+        help: "Time from a queue-mode accept to the app's 2xx",
+        labels: ["provider"],
+        buckets: QUEUE_BUCKETS,
+    }
+    DEAD_LETTERS: Counter {
+        name: "hookgate_dead_letters_total",
+        help: "Queue-mode jobs moved to the dead letter",
+        labels: ["provider"],
     }
     // The postgres store's partition maintenance (set only on that backend).
     // Claim latency is `hookgate_store_operation_duration_seconds`.

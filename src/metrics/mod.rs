@@ -88,6 +88,41 @@ impl Metrics {
         self.record(&labels, &[ANOMALIES.add(1)]);
     }
 
+    /// One relay attempt, by how it ended (`delivered`, `retry`, `dead`).
+    pub fn relay_attempt(&self, provider: &str, outcome: &'static str) {
+        let labels = RELAY_ATTEMPTS.labels([Value::Name(provider), Value::Code(outcome)]);
+        self.record(&labels, &[RELAY_ATTEMPTS.add(1)]);
+    }
+
+    /// A job delivered `waited` after it was accepted.
+    pub fn accept_to_delivery(&self, provider: &str, waited: Duration) {
+        let labels = ACCEPT_TO_DELIVERY.labels([Value::Name(provider)]);
+        self.record(&labels, &[ACCEPT_TO_DELIVERY.observe(waited)]);
+    }
+
+    /// A job moved to the dead letter.
+    pub fn dead_letter(&self, provider: &str) {
+        let labels = DEAD_LETTERS.labels([Value::Name(provider)]);
+        self.record(&labels, &[DEAD_LETTERS.add(1)]);
+    }
+
+    /// A provider's queue: jobs by state, and the oldest pending one's age.
+    pub fn queue_depth(
+        &self,
+        provider: &str,
+        pending: u64,
+        leased: u64,
+        dead: u64,
+        oldest: Duration,
+    ) {
+        for (state, n) in [("pending", pending), ("leased", leased), ("dead", dead)] {
+            let labels = QUEUE_DEPTH.labels([Value::Name(provider), Value::Code(state)]);
+            self.record(&labels, &[QUEUE_DEPTH.set(n)]);
+        }
+        let labels = QUEUE_OLDEST_PENDING.labels([Value::Name(provider)]);
+        self.record(&labels, &[QUEUE_OLDEST_PENDING.set(oldest.as_secs())]);
+    }
+
     /// The postgres store's partition maintenance.
     pub fn partition_health(&self, health: &PartitionHealth) {
         let seconds = |d: Option<Duration>| d.map_or(0, |d| d.as_secs());
@@ -148,6 +183,10 @@ mod tests {
         m.store("sqlite", "claim", Duration::from_micros(300));
         m.mark_retry("stripe");
         m.anomaly("stripe", "payload_mismatch");
+        m.relay_attempt("stripe", "retry");
+        m.accept_to_delivery("stripe", Duration::from_secs(2));
+        m.dead_letter("stripe");
+        m.queue_depth("stripe", 3, 1, 2, Duration::from_secs(40));
         m.partition_health(&PartitionHealth {
             estimated_rows: 1234,
             oldest_partition_age: Some(Duration::from_secs(3 * 86_400)),

@@ -133,6 +133,26 @@ async fn a_dead_on_status_dead_letters_and_a_replay_delivers() {
         "1",
         "a new series"
     );
+
+    // Counted: one dead attempt, one delivered, one dead letter, the wait.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let wanted = [
+        r#"hookgate_relay_attempts_total{provider="stripe",outcome="dead"} 1"#,
+        r#"hookgate_relay_attempts_total{provider="stripe",outcome="delivered"} 1"#,
+        r#"hookgate_dead_letters_total{provider="stripe"} 1"#,
+        r#"hookgate_accept_to_delivery_seconds_count{provider="stripe"} 1"#,
+        r#"hookgate_queue_depth{provider="stripe",state="pending"}"#,
+        r#"hookgate_queue_oldest_pending_seconds{provider="stripe"}"#,
+    ];
+    loop {
+        let text = gate.metrics().await;
+        let missing: Vec<_> = wanted.iter().filter(|w| !text.contains(*w)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "missing {missing:?} in\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     gate.shutdown().await;
 }
 
