@@ -22,6 +22,22 @@ fn queued() -> GateFixture {
         .section(QUEUE)
 }
 
+/// Reads `read` again (for at most 10 s) until `done` holds for what it
+/// returns; returns the last reading, for the caller's assertions.
+async fn poll<T, F: Future<Output = T>>(
+    mut read: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = read().await;
+        if done(&value) || Instant::now() > deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits (at most 10 s) until `done` holds.
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -109,14 +125,12 @@ async fn a_dead_on_status_dead_letters_and_a_replay_delivers() {
         state: Some(JobState::Dead),
         ..JobFilter::default()
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let jobs = loop {
-        let jobs = store.jobs(dead.clone(), 10).await.unwrap();
-        if !jobs.is_empty() || Instant::now() > deadline {
-            break jobs;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let jobs = poll(
+        || store.jobs(dead.clone(), 10),
+        |j| j.as_ref().is_ok_and(|j| !j.is_empty()),
+    )
+    .await
+    .unwrap();
     assert_eq!(jobs.len(), 1, "dead-lettered");
     assert_eq!(jobs[0].last_status, Some(410));
     assert_eq!(jobs[0].attempts, 1, "410 is not retried");
@@ -135,7 +149,6 @@ async fn a_dead_on_status_dead_letters_and_a_replay_delivers() {
     );
 
     // Counted: one dead attempt, one delivered, one dead letter, the wait.
-    let deadline = Instant::now() + Duration::from_secs(10);
     let wanted = [
         r#"hookgate_relay_attempts_total{provider="stripe",outcome="dead"} 1"#,
         r#"hookgate_relay_attempts_total{provider="stripe",outcome="delivered"} 1"#,
@@ -144,15 +157,9 @@ async fn a_dead_on_status_dead_letters_and_a_replay_delivers() {
         r#"hookgate_queue_depth{provider="stripe",state="pending"}"#,
         r#"hookgate_queue_oldest_pending_seconds{provider="stripe"}"#,
     ];
-    loop {
-        let text = gate.metrics().await;
-        let missing: Vec<_> = wanted.iter().filter(|w| !text.contains(*w)).collect();
-        if missing.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "missing {missing:?} in\n{text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let text = poll(|| gate.metrics(), |t| wanted.iter().all(|w| t.contains(w))).await;
+    let missing: Vec<_> = wanted.iter().filter(|w| !text.contains(*w)).collect();
+    assert!(missing.is_empty(), "missing {missing:?} in\n{text}");
     gate.shutdown().await;
 }
 
@@ -288,14 +295,11 @@ async fn operators_list_show_replay_and_purge_from_the_command_line() {
         )
     };
     // The settle lands just after the attempt: wait for the dead letter.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let listed = loop {
-        let listed = run(&["list", "--state", "dead"]);
-        if listed.1.contains("stripe:evt_cli") || Instant::now() > deadline {
-            break listed;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let listed = poll(
+        || std::future::ready(run(&["list", "--state", "dead"])),
+        |l| l.1.contains("stripe:evt_cli"),
+    )
+    .await;
     assert_eq!(listed.0, Some(0), "{listed:?}");
     assert!(listed.1.contains("dead\tstripe:evt_cli"), "{listed:?}");
     assert!(listed.1.contains("last_status=422"), "{listed:?}");
@@ -339,18 +343,11 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
         .start()
         .await;
     assert_eq!(gate.deliver(&stripe_event("evt_adm")).await.status, 202);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let listed = loop {
-        let listed = gate.admin("/queue?state=dead").await;
-        if listed.json()["jobs"]
-            .as_array()
-            .is_some_and(|j| !j.is_empty())
-            || Instant::now() > deadline
-        {
-            break listed;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let listed = poll(
+        || gate.admin("/queue?state=dead"),
+        |l| l.json()["jobs"].as_array().is_some_and(|j| !j.is_empty()),
+    )
+    .await;
     assert_eq!(listed.status, 200);
     let job = &listed.json()["jobs"][0];
     assert_eq!(job["key"], "evt_adm");
