@@ -14,7 +14,7 @@ use subtle::ConstantTimeEq;
 use crate::body::{ProxyBody, full};
 use crate::gate::Gate;
 use crate::store::Backend;
-use crate::store::outbox::{JobFilter, JobState, JobSummary};
+use crate::store::outbox::{JobFilter, JobState, JobSummary, Outbox};
 
 pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<ProxyBody> {
     match (req.method(), req.uri().path()) {

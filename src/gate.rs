@@ -13,6 +13,7 @@ use crate::route::{Route, RouteSpec, Routes};
 use crate::secret::{RELOAD_INTERVAL, SecretSet};
 use crate::settings::{Mode, ProviderSettings, Settings};
 use crate::store::Store;
+use crate::store::outbox::Outbox;
 use crate::tls::ReloadingCert;
 use crate::upstream::Upstream;
 

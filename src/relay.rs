@@ -22,7 +22,7 @@ use crate::body;
 use crate::gate::Gate;
 use crate::settings::Mode;
 use crate::store::StoreError;
-use crate::store::outbox::{Job, Settle};
+use crate::store::outbox::{Job, Outbox, Settle};
 use crate::upstream::UpstreamError;
 
 pub use self::policy::decide;

@@ -7,7 +7,7 @@ use clap::Subcommand;
 
 use super::EXIT_BAD_CONFIG;
 use crate::settings::Settings;
-use crate::store::outbox::{JobFilter, JobState, JobSummary};
+use crate::store::outbox::{JobFilter, JobState, JobSummary, Outbox};
 
 #[derive(Debug, Subcommand)]
 pub enum QueueAction {

@@ -17,7 +17,7 @@ use crate::body::ProxyBody;
 use crate::error::GateError;
 use crate::server::Conn;
 use crate::settings::{OnMismatch, ProviderSettings, QueueSettings};
-use crate::store::outbox::{Accept, AcceptPolicy, Accepted, NewJob};
+use crate::store::outbox::{Accept, AcceptPolicy, Accepted, NewJob, Outbox};
 use crate::store::{Existing, Snapshot, Store};
 use crate::telemetry::{Dedupe, Mismatch};
 

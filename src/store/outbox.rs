@@ -149,87 +149,119 @@ pub struct Depth {
     pub oldest_pending: Option<SystemTime>,
 }
 
-/// The outbox operations on the configured store. Only sqlite has an
-/// outbox so far; the config refuses queue mode on the others, so their
-/// answer here is an error, never a silent loss.
-impl super::Store {
-    fn outbox(&self) -> Result<&super::SqliteStore, StoreError> {
-        match &self.backend {
-            super::Dispatch::Sqlite(store) => Ok(store),
-            _ => Err(StoreError::Unavailable(format!(
-                "the {} store has no outbox (queue mode runs on sqlite)",
-                self.backend_name()
-            ))),
-        }
-    }
+/// The outbox contract every durable backend implements (SPEC section 1b).
+/// Job ids are unique per store; a lease token proves the relay that took a
+/// job still holds it.
+pub trait Outbox: Send + Sync {
+    /// Commits are durable (on disk, or on the server) before they answer.
+    fn require_durable_commits(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Bounds an outbox operation by the store's timeout and times it.
-    async fn outbox_op<T>(
-        &self,
-        operation: &'static str,
-        op: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let started = std::time::Instant::now();
-        let result = match tokio::time::timeout(self.op_timeout, op).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout(self.op_timeout)),
-        };
-        if let Some(metrics) = &self.metrics {
-            metrics.store(self.backend_name(), operation, started.elapsed());
-        }
-        result
-    }
-
-    /// See [`super::SqliteStore::require_durable_commits`].
-    pub async fn require_durable_commits(&self) -> Result<(), StoreError> {
-        match &self.backend {
-            super::Dispatch::Sqlite(store) => store.require_durable_commits().await,
-            _ => Ok(()),
-        }
-    }
-
-    pub async fn accept(
+    /// Records the dedupe entry and the job of every new event atomically,
+    /// unless an event is held by a delivery in flight or (per `policy`)
+    /// arrived with a changed payload: then nothing is recorded.
+    fn accept(
         &self,
         items: Vec<Accept>,
         policy: AcceptPolicy,
-    ) -> Result<Vec<Accepted>, StoreError> {
-        let store = self.outbox()?;
-        self.outbox_op("accept", store.accept(items, policy)).await
-    }
+    ) -> impl Future<Output = Result<Vec<Accepted>, StoreError>> + Send;
 
-    pub async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>, StoreError> {
-        let store = self.outbox()?;
-        self.outbox_op("take", store.take_due(lease, limit)).await
-    }
+    /// Leases up to `limit` due jobs for `lease`; a job whose lease ran out
+    /// is due again.
+    fn take_due(
+        &self,
+        lease: Duration,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Job>, StoreError>> + Send;
 
-    pub async fn settle(
+    /// Records how an attempt ended, if `token` still holds the job.
+    fn settle(
         &self,
         id: i64,
         token: &LeaseToken,
         settle: Settle,
-    ) -> Result<bool, StoreError> {
-        let store = self.outbox()?;
-        self.outbox_op("settle", store.settle(id, token, settle))
-            .await
-    }
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    pub async fn jobs(
+    /// The jobs `filter` selects, newest first, at most `limit`.
+    fn jobs(
         &self,
         filter: JobFilter,
         limit: usize,
-    ) -> Result<Vec<JobSummary>, StoreError> {
-        self.outbox()?.jobs(filter, limit).await
-    }
+    ) -> impl Future<Output = Result<Vec<JobSummary>, StoreError>> + Send;
 
-    pub async fn replay(&self, filter: JobFilter) -> Result<u64, StoreError> {
-        self.outbox()?.replay(filter).await
-    }
+    /// Puts the jobs `filter` selects back to pending, due now, as a new
+    /// series of attempts; returns how many. The dedupe record is not
+    /// consulted: a replay is an operator's decision.
+    fn replay(&self, filter: JobFilter) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    pub async fn purge(&self, filter: JobFilter) -> Result<u64, StoreError> {
-        self.outbox()?.purge(filter).await
-    }
+    /// Deletes the jobs `filter` selects; returns how many.
+    fn purge(&self, filter: JobFilter) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    pub async fn depth(&self) -> Result<Vec<Depth>, StoreError> {
-        self.outbox()?.depth().await
+    /// Pending (leased or not) and dead jobs per provider.
+    fn depth(&self) -> impl Future<Output = Result<Vec<Depth>, StoreError>> + Send;
+}
+
+/// The memory store keeps nothing across a restart, so the config refuses
+/// queue mode on it; reaching it anyway is an error, never a silent loss.
+fn not_durable() -> StoreError {
+    StoreError::Unavailable("the memory store has no outbox (it is not durable)".to_owned())
+}
+
+/// `Store` hands each outbox operation to the configured backend. The
+/// relay's operations are bounded by the store's timeout and timed, like the
+/// dedupe operations; an operator's (list, replay, purge, depth) may touch
+/// many jobs and run unbounded.
+macro_rules! outbox_dispatching {
+    (
+        timed { $($op:ident($($arg:ident: $ty:ty),*) -> $ok:ty;)* }
+        untimed { $($uop:ident($($uarg:ident: $uty:ty),*) -> $uok:ty;)* }
+    ) => {
+        impl Outbox for super::Store {
+            $(
+                async fn $op(&self, $($arg: $ty),*) -> Result<$ok, StoreError> {
+                    let started = std::time::Instant::now();
+                    let op = async move { outbox_backend!(self, s => s.$op($($arg),*)) };
+                    let result = match tokio::time::timeout(self.op_timeout, op).await {
+                        Ok(result) => result,
+                        Err(_) => Err(StoreError::Timeout(self.op_timeout)),
+                    };
+                    if let Some(metrics) = &self.metrics {
+                        metrics.store(self.backend_name(), stringify!($op), started.elapsed());
+                    }
+                    result
+                }
+            )*
+            $(
+                async fn $uop(&self, $($uarg: $uty),*) -> Result<$uok, StoreError> {
+                    outbox_backend!(self, s => s.$uop($($uarg),*))
+                }
+            )*
+        }
+
+    };
+}
+
+macro_rules! outbox_backend {
+    ($self:ident, $s:ident => $call:expr) => {
+        match &$self.backend {
+            super::Dispatch::Memory(_) => Err(not_durable()),
+            super::Dispatch::Sqlite($s) => $call.await,
+            super::Dispatch::Redis($s) => $call.await,
+            super::Dispatch::Postgres($s) => Box::pin($call).await,
+        }
+    };
+}
+
+outbox_dispatching! {
+    timed {
+        accept(items: Vec<Accept>, policy: AcceptPolicy) -> Vec<Accepted>;
+        take_due(lease: Duration, limit: usize) -> Vec<Job>;
+        settle(id: i64, token: &LeaseToken, settle: Settle) -> bool;
+    }
+    untimed {
+        require_durable_commits() -> ();
+        jobs(filter: JobFilter, limit: usize) -> Vec<JobSummary>;
+        replay(filter: JobFilter) -> u64;
+        purge(filter: JobFilter) -> u64;
+        depth() -> Vec<Depth>;
     }
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use hookgate::store::outbox::{JobFilter, JobState};
+use hookgate::store::outbox::{JobFilter, JobState, Outbox};
 use hookgate::store::{Backend, ScopedKey};
 
 use crate::support::fixture::GateFixture;

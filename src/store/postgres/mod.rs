@@ -18,6 +18,7 @@
 
 mod maintenance;
 mod operations;
+mod outbox;
 mod schema;
 
 use std::path::Path;

@@ -8,7 +8,8 @@ use rusqlite::{Connection, Row as SqlRow, TransactionBehavior, params, params_fr
 
 use super::{SqliteStore, after, now_ms, select_live};
 use crate::store::outbox::{
-    Accept, AcceptPolicy, Accepted, Depth, Job, JobFilter, JobState, JobSummary, NewJob, Settle,
+    Accept, AcceptPolicy, Accepted, Depth, Job, JobFilter, JobState, JobSummary, NewJob, Outbox,
+    Settle,
 };
 use crate::store::{Claim, Existing, LeaseToken, ScopedKey, StoreError};
 
@@ -45,10 +46,10 @@ pub(super) fn purge_batch(c: &mut Connection, now: i64, limit: i64) -> Result<us
     Ok(stmt.execute(params![now, limit])?)
 }
 
-impl SqliteStore {
+impl Outbox for SqliteStore {
     /// Commits are on disk (fsync) before they are answered: queue mode
     /// answers 202 once its accept is durable, power loss included.
-    pub async fn require_durable_commits(&self) -> Result<(), StoreError> {
+    async fn require_durable_commits(&self) -> Result<(), StoreError> {
         self.run(|c| Ok(c.pragma_update(None, "synchronous", "FULL")?))
             .await
     }
@@ -56,7 +57,7 @@ impl SqliteStore {
     /// Records the dedupe entry and the job of every new event, in one
     /// transaction, unless an event is held by a delivery in flight or (per
     /// `policy`) arrived with a changed payload: then nothing is recorded.
-    pub async fn accept(
+    async fn accept(
         &self,
         items: Vec<Accept>,
         policy: AcceptPolicy,
@@ -75,7 +76,7 @@ impl SqliteStore {
     }
 
     /// Leases up to `limit` due jobs for `lease`.
-    pub async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>, StoreError> {
+    async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>, StoreError> {
         self.run(move |c| {
             let now = now_ms();
             let token = LeaseToken::generate();
@@ -110,7 +111,7 @@ impl SqliteStore {
     }
 
     /// Records how an attempt ended, if `token` still holds the job.
-    pub async fn settle(
+    async fn settle(
         &self,
         id: i64,
         token: &LeaseToken,
@@ -142,11 +143,7 @@ impl SqliteStore {
     }
 
     /// The jobs `filter` selects, newest first, at most `limit`.
-    pub async fn jobs(
-        &self,
-        filter: JobFilter,
-        limit: usize,
-    ) -> Result<Vec<JobSummary>, StoreError> {
+    async fn jobs(&self, filter: JobFilter, limit: usize) -> Result<Vec<JobSummary>, StoreError> {
         self.run(move |c| {
             let (clause, args) = filter_sql(&filter);
             let sql = format!(
@@ -165,7 +162,7 @@ impl SqliteStore {
     /// Puts the jobs `filter` selects back to pending, due now, as a new
     /// series of attempts; returns how many. The dedupe record is not
     /// consulted: a replay is an operator's decision.
-    pub async fn replay(&self, filter: JobFilter) -> Result<u64, StoreError> {
+    async fn replay(&self, filter: JobFilter) -> Result<u64, StoreError> {
         self.run(move |c| {
             let (clause, mut args) = filter_sql(&filter);
             args.push(Arg::Int(now_ms()));
@@ -181,7 +178,7 @@ impl SqliteStore {
     }
 
     /// Deletes the jobs `filter` selects; returns how many.
-    pub async fn purge(&self, filter: JobFilter) -> Result<u64, StoreError> {
+    async fn purge(&self, filter: JobFilter) -> Result<u64, StoreError> {
         self.run(move |c| {
             let (clause, args) = filter_sql(&filter);
             let sql = format!("DELETE FROM outbox WHERE {clause}");
@@ -191,7 +188,7 @@ impl SqliteStore {
     }
 
     /// Pending (leased or not) and dead jobs per provider.
-    pub async fn depth(&self) -> Result<Vec<Depth>, StoreError> {
+    async fn depth(&self) -> Result<Vec<Depth>, StoreError> {
         self.run(|c| {
             let now = now_ms();
             let mut stmt = c.prepare_cached(

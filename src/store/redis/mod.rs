@@ -6,6 +6,8 @@
 //! runs a script atomically, which is what makes a claim exclusive across
 //! replicas. One key per script keeps the backend Redis Cluster compatible.
 
+mod outbox;
+
 use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
