@@ -138,6 +138,54 @@ pub struct JobFilter {
     pub before: Option<SystemTime>,
 }
 
+/// One condition of a [`JobFilter`], for a backend to render.
+#[derive(Clone, Copy, Debug)]
+pub enum Condition<'a> {
+    State(JobState),
+    Provider(&'a str),
+    Key(&'a str),
+    ReceivedSince(SystemTime),
+    ReceivedBefore(SystemTime),
+}
+
+impl Condition<'_> {
+    /// The SQL condition on the outbox table, `{}` standing for the value's
+    /// placeholder (`?1` on sqlite, `$1` on postgres).
+    pub fn sql(&self) -> &'static str {
+        match self {
+            Self::State(_) => "state = {}",
+            Self::Provider(_) => "provider = {}",
+            Self::Key(_) => "event_key = {}",
+            Self::ReceivedSince(_) => "received_at >= {}",
+            Self::ReceivedBefore(_) => "received_at < {}",
+        }
+    }
+}
+
+impl JobFilter {
+    /// The conditions this filter sets; none selects every job.
+    pub fn conditions(&self) -> Vec<Condition<'_>> {
+        let mut all = Vec::new();
+        all.extend(self.state.map(Condition::State));
+        all.extend(self.provider.as_deref().map(Condition::Provider));
+        all.extend(self.key.as_deref().map(Condition::Key));
+        all.extend(self.since.map(Condition::ReceivedSince));
+        all.extend(self.before.map(Condition::ReceivedBefore));
+        all
+    }
+
+    /// The WHERE clause of these conditions, placeholders numbered from 1
+    /// by `placeholder` (`|n| format!("?{n}")` for sqlite).
+    pub fn where_clause(&self, placeholder: impl Fn(usize) -> String) -> String {
+        let mut clause = "1 = 1".to_owned();
+        for (n, condition) in self.conditions().iter().enumerate() {
+            clause.push_str(" AND ");
+            clause.push_str(&condition.sql().replace("{}", &placeholder(n + 1)));
+        }
+        clause
+    }
+}
+
 /// Depth per provider and state, for the queue gauges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Depth {

@@ -20,6 +20,7 @@ macro_rules! instantiate {
 mod faults;
 mod harness;
 mod memory_lru;
+mod outbox;
 mod postgres_gate;
 mod postgres_store;
 mod redis_faults;

@@ -78,21 +78,16 @@ pub(super) fn queue(i: &mut Issues, q: &QueueFile, upstream_timeout: Duration) -
 }
 
 /// Queue mode needs a durable store with an outbox: the memory store
-/// forgets on restart, and the shared stores' outboxes are not built yet.
+/// forgets on restart.
 pub(super) fn check_backend(
     i: &mut Issues,
     backend: &BackendSettings,
     providers: &[ProviderSettings],
 ) {
-    let refusal = match backend {
-        BackendSettings::Sqlite { .. } => return,
-        BackendSettings::Memory { .. } => {
-            "the memory store is not durable: queue mode needs store.backend = \"sqlite\""
-        }
-        BackendSettings::Redis { .. } | BackendSettings::Postgres { .. } => {
-            "queue mode runs on the sqlite store so far; redis and postgres outboxes are not built yet"
-        }
-    };
+    if !matches!(backend, BackendSettings::Memory { .. }) {
+        return;
+    }
+    let refusal = "the memory store is not durable: queue mode needs store.backend = \"sqlite\", \"redis\" or \"postgres\"";
     for p in providers.iter().filter(|p| p.mode == Mode::Queue) {
         i.push(format!("providers.{}.mode", p.name), refusal);
     }

@@ -66,6 +66,7 @@ pub(super) async fn run(
     create_partitions(client, 0).await?;
     drop_partitions(client, retention).await?;
     purge_claims(client).await?;
+    purge_delivered(client).await?;
     let mut health = measure(client).await?;
     health.last_maintenance = Some(SystemTime::now());
     Ok(health)
@@ -135,17 +136,36 @@ async fn drop_partitions(
 }
 
 /// Deletes claim rows whose lease ended an hour ago (so no live gate holds
-/// them) in small batches; `claim` takes over an expired row anyway, this
-/// only keeps keys never redelivered from lingering.
+/// them); `claim` takes over an expired row anyway, this only keeps keys
+/// never redelivered from lingering.
 async fn purge_claims(client: &Client) -> Result<u64, tokio_postgres::Error> {
-    let statement = client
-        .prepare_cached(
-            "DELETE FROM hookgate_claims WHERE ctid = ANY(ARRAY(
-                 SELECT ctid FROM hookgate_claims
-                 WHERE lease_expires_at < now() - interval '1 hour'
-                 LIMIT $1 FOR UPDATE SKIP LOCKED))",
-        )
-        .await?;
+    purge_in_batches(
+        client,
+        "DELETE FROM hookgate_claims WHERE ctid = ANY(ARRAY(
+             SELECT ctid FROM hookgate_claims
+             WHERE lease_expires_at < now() - interval '1 hour'
+             LIMIT $1 FOR UPDATE SKIP LOCKED))",
+    )
+    .await
+}
+
+/// Deletes delivered outbox rows past their retention; pending and dead
+/// rows stay (dead ones until an operator purges them).
+async fn purge_delivered(client: &Client) -> Result<u64, tokio_postgres::Error> {
+    purge_in_batches(
+        client,
+        "DELETE FROM hookgate_outbox WHERE id = ANY(ARRAY(
+             SELECT id FROM hookgate_outbox
+             WHERE state = 'delivered' AND expires_at <= now()
+             LIMIT $1 FOR UPDATE SKIP LOCKED))",
+    )
+    .await
+}
+
+/// Runs a `DELETE` of at most `$1` rows until it deletes fewer: small
+/// batches, so no long lock and no long transaction on a busy table.
+async fn purge_in_batches(client: &Client, sql: &str) -> Result<u64, tokio_postgres::Error> {
+    let statement = client.prepare_cached(sql).await?;
     let mut total = 0;
     loop {
         let deleted = client.execute(&statement, &[&PURGE_BATCH]).await?;

@@ -27,7 +27,7 @@ LIMIT 1";
 /// which `SELECT_HELD` relies on. The lease starts at the insert
 /// (`clock_timestamp()`), not at the transaction's start (`now()`), which
 /// may lie a lock wait earlier.
-const INSERT_CLAIM: &str = "
+pub(super) const INSERT_CLAIM: &str = "
 INSERT INTO hookgate_claims AS c
     (provider, provider_event_id, lease_token, fingerprint, received_at, lease_expires_at)
 VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + make_interval(secs => $5))
@@ -41,7 +41,7 @@ WHERE c.lease_expires_at <= now()";
 /// The live claim of a key and the seconds left on its lease. "Live" as of
 /// the transaction's start, like `INSERT_CLAIM`'s WHERE, so the row that
 /// insert found held is found here.
-const SELECT_HELD: &str = "
+pub(super) const SELECT_HELD: &str = "
 SELECT fingerprint, EXTRACT(EPOCH FROM lease_expires_at - clock_timestamp())::float8
 FROM hookgate_claims
 WHERE provider = $1 AND provider_event_id = $2 AND lease_expires_at > now()";
@@ -242,7 +242,7 @@ impl Backend for PostgresStore {
 }
 
 /// The key's live completed record, as (fingerprint, snapshot).
-async fn completed(
+pub(super) async fn completed(
     client: &impl GenericClient,
     key: &ScopedKey,
 ) -> Result<Option<(String, Snapshot)>, tokio_postgres::Error> {
@@ -266,7 +266,7 @@ fn snapshot(row: &Row) -> Snapshot {
 }
 
 /// Retry-After has a one-second resolution: never say zero.
-fn in_flight(seconds_left: f64) -> Existing {
+pub(super) fn in_flight(seconds_left: f64) -> Existing {
     let left = Duration::try_from_secs_f64(seconds_left).unwrap_or_default();
     Existing::InFlight {
         retry_after: left.max(Duration::from_secs(1)),

@@ -28,7 +28,7 @@ const MIGRATION_LOCK: i64 = 0x686f_6f6b_6761_7465;
 
 /// Applied in order, each once, recorded in `hookgate_schema_migrations`.
 /// Never edit a released entry: append a new one.
-const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2)];
+const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 const V1: &str = "
 CREATE TABLE hookgate_claims (
@@ -65,6 +65,36 @@ CREATE TABLE processed_events (
 /// table rewrite, on the parent and every partition at once).
 const V2: &str = "
 ALTER TABLE processed_events ADD COLUMN response_truncated boolean NOT NULL DEFAULT false;
+";
+
+/// Queue mode's outbox (SPEC section 1b): one row per accepted event,
+/// unpartitioned (delivered rows are purged past their retention in small
+/// batches by maintenance; dead ones stay until an operator purges them).
+/// A leased row has a token and an expiry; an expired lease is due again.
+const V3: &str = "
+CREATE TABLE hookgate_outbox (
+    id               bigserial   PRIMARY KEY,
+    provider         text        NOT NULL,
+    event_key        text        NOT NULL,
+    state            text        NOT NULL CHECK (state IN ('pending', 'delivered', 'dead')),
+    method           text        NOT NULL,
+    target           text        NOT NULL,
+    headers          bytea       NOT NULL,
+    body             bytea       NOT NULL,
+    received_at      timestamptz NOT NULL,
+    due_at           timestamptz NOT NULL,
+    attempts         integer     NOT NULL DEFAULT 0,
+    lease_token      text,
+    lease_expires_at timestamptz,
+    last_status      integer,
+    last_error       text,
+    finished_at      timestamptz,
+    expires_at       timestamptz NOT NULL
+);
+CREATE INDEX hookgate_outbox_due ON hookgate_outbox (due_at) WHERE state = 'pending';
+CREATE INDEX hookgate_outbox_key ON hookgate_outbox (provider, event_key);
+CREATE INDEX hookgate_outbox_received ON hookgate_outbox (received_at);
+CREATE INDEX hookgate_outbox_expired ON hookgate_outbox (expires_at) WHERE state = 'delivered';
 ";
 
 /// Brings the schema up to date; safe to run from every replica at every

@@ -4,12 +4,13 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rusqlite::types::Value;
 use rusqlite::{Connection, Row as SqlRow, TransactionBehavior, params, params_from_iter};
 
 use super::{SqliteStore, after, now_ms, select_live};
 use crate::store::outbox::{
-    Accept, AcceptPolicy, Accepted, Depth, Job, JobFilter, JobState, JobSummary, NewJob, Outbox,
-    Settle,
+    Accept, AcceptPolicy, Accepted, Condition, Depth, Job, JobFilter, JobState, JobSummary, NewJob,
+    Outbox, Settle,
 };
 use crate::store::{Claim, Existing, LeaseToken, ScopedKey, StoreError};
 
@@ -165,7 +166,7 @@ impl Outbox for SqliteStore {
     async fn replay(&self, filter: JobFilter) -> Result<u64, StoreError> {
         self.run(move |c| {
             let (clause, mut args) = filter_sql(&filter);
-            args.push(Arg::Int(now_ms()));
+            args.push(Value::Integer(now_ms()));
             let n = args.len();
             let sql = format!(
                 "UPDATE outbox SET state = 'pending', due_at = ?{n}, attempts = 0,
@@ -299,45 +300,18 @@ fn accept_in(
     Ok(outcomes)
 }
 
-/// A bound parameter of a built query.
-enum Arg {
-    Text(String),
-    Int(i64),
-}
-
-impl rusqlite::ToSql for Arg {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        match self {
-            Self::Text(t) => t.to_sql(),
-            Self::Int(i) => i.to_sql(),
-        }
-    }
-}
-
 /// The WHERE clause and its parameters (numbered from 1) for `filter`.
-fn filter_sql(filter: &JobFilter) -> (String, Vec<Arg>) {
-    let mut clauses = vec!["1 = 1".to_owned()];
-    let mut args = Vec::new();
-    let mut add = |clause: &str, arg: Arg| {
-        args.push(arg);
-        clauses.push(clause.replace('?', &format!("?{}", args.len())));
-    };
-    if let Some(state) = filter.state {
-        add("state = ?", Arg::Text(state.as_str().to_owned()));
-    }
-    if let Some(provider) = &filter.provider {
-        add("provider = ?", Arg::Text(provider.clone()));
-    }
-    if let Some(key) = &filter.key {
-        add("event_key = ?", Arg::Text(key.clone()));
-    }
-    if let Some(since) = filter.since {
-        add("received_at >= ?", Arg::Int(millis(since)));
-    }
-    if let Some(before) = filter.before {
-        add("received_at < ?", Arg::Int(millis(before)));
-    }
-    (clauses.join(" AND "), args)
+fn filter_sql(filter: &JobFilter) -> (String, Vec<Value>) {
+    let args = filter
+        .conditions()
+        .into_iter()
+        .map(|c| match c {
+            Condition::State(state) => Value::Text(state.as_str().to_owned()),
+            Condition::Provider(text) | Condition::Key(text) => Value::Text(text.to_owned()),
+            Condition::ReceivedSince(t) | Condition::ReceivedBefore(t) => Value::Integer(millis(t)),
+        })
+        .collect();
+    (filter.where_clause(|n| format!("?{n}")), args)
 }
 
 fn summary(r: &SqlRow<'_>) -> rusqlite::Result<JobSummary> {
