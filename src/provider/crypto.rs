@@ -11,7 +11,10 @@ use base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT;
 use hmac::{Hmac, KeyInit, Mac};
 use subtle::ConstantTimeEq;
 
-use super::{Algorithm, VerifyError};
+use http::HeaderMap;
+use http::header::AsHeaderName;
+
+use super::{Algorithm, Verified, VerifyError};
 use crate::secret::ActiveSecret;
 
 /// An HMAC computed for one secret. It has no `Debug`: it is the signature an
@@ -80,15 +83,26 @@ pub(super) fn first_match(
     parts: &[&[u8]],
     presented: &[Vec<u8>],
 ) -> Result<usize, VerifyError> {
+    first_secret(secrets, |secret| {
+        let tag = Tag::compute(algorithm, &key(secret)?, parts);
+        Some(presented.iter().any(|p| tag.matches(p)))
+    })
+}
+
+/// The configured index of the first active secret that `matches` accepts.
+/// `matches` answers None for a secret it cannot use (not a key of its
+/// kind); when no secret is usable the provider has none, which is another
+/// error than a signature that matches none.
+pub(super) fn first_secret(
+    secrets: &[ActiveSecret],
+    matches: impl Fn(&[u8]) -> Option<bool>,
+) -> Result<usize, VerifyError> {
     let mut usable = false;
     for secret in secrets {
-        let Some(key) = key(secret.value.expose()) else {
-            continue;
-        };
-        usable = true;
-        let tag = Tag::compute(algorithm, &key, parts);
-        if presented.iter().any(|p| tag.matches(p)) {
-            return Ok(secret.index);
+        match matches(secret.value.expose()) {
+            Some(true) => return Ok(secret.index),
+            Some(false) => usable = true,
+            None => {}
         }
     }
     Err(if usable {
@@ -96,6 +110,47 @@ pub(super) fn first_match(
     } else {
         VerifyError::NoUsableSecret
     })
+}
+
+/// [`first_match`] for the schemes that key HMAC-SHA256 with the secret as
+/// it is, as the [`Verified`] that carries the signed timestamp, if any.
+pub(super) fn verify_sha256(
+    secrets: &[ActiveSecret],
+    parts: &[&[u8]],
+    presented: &[Vec<u8>],
+    timestamp: Option<i64>,
+) -> Result<Verified, VerifyError> {
+    let secret_index = first_match(Algorithm::Sha256, secrets, raw_key, parts, presented)?;
+    Ok(Verified {
+        secret_index,
+        timestamp,
+    })
+}
+
+/// A signature header's value as text: absent is missing, not visible ASCII
+/// is malformed. Errors carry `label`, the header's name in messages.
+pub(super) fn header_text<'a>(
+    headers: &'a HeaderMap,
+    name: impl AsHeaderName,
+    label: &'static str,
+) -> Result<&'a str, VerifyError> {
+    headers
+        .get(name)
+        .ok_or(VerifyError::MissingHeader(label))?
+        .to_str()
+        .map_err(|_| VerifyError::Malformed(label))
+}
+
+/// A signed timestamp header: its text, signed as presented, and its Unix
+/// seconds, returned unchecked for the window phase to judge.
+pub(super) fn signed_timestamp<'a>(
+    headers: &'a HeaderMap,
+    name: impl AsHeaderName,
+    label: &'static str,
+) -> Result<(&'a str, i64), VerifyError> {
+    let text = header_text(headers, name, label)?;
+    let seconds = parse_unix_seconds(text).ok_or(VerifyError::Malformed(label))?;
+    Ok((text, seconds))
 }
 
 /// The key for schemes that use the secret's bytes as they are.
@@ -117,18 +172,24 @@ pub(super) mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::provider::{Delivery, Verified};
+    use crate::provider::{Delivery, SignedHeaders, Verified};
     use crate::secret::SecretValue;
+
+    /// Headers of a test delivery, as (name, value) pairs.
+    pub(in crate::provider) type Pairs<'a> = &'a [(&'a str, &'a [u8])];
+
+    /// What a scheme's `verify` answered.
+    pub(in crate::provider) type Outcome = Result<Verified, VerifyError>;
 
     /// Runs a scheme's `verify` on a delivery to `uri` with these headers
     /// and body, against active secrets of these values.
     pub(in crate::provider) fn run(
-        verify: impl Fn(&Delivery<'_>, &[ActiveSecret]) -> Result<Verified, VerifyError>,
+        verify: impl Fn(&Delivery<'_>, &[ActiveSecret]) -> Outcome,
         uri: &str,
-        pairs: &[(&str, &[u8])],
+        pairs: Pairs<'_>,
         body: &[u8],
         keys: &[&[u8]],
-    ) -> Result<Verified, VerifyError> {
+    ) -> Outcome {
         let mut headers = http::HeaderMap::new();
         for (name, value) in pairs {
             headers.insert(
@@ -143,6 +204,14 @@ pub(super) mod tests {
             uri: &uri,
         };
         verify(&delivery, &secrets(keys))
+    }
+
+    /// The pairs of the headers a scheme's `sign` produced.
+    pub(in crate::provider) fn signed_pairs(headers: &SignedHeaders) -> Vec<(&str, &[u8])> {
+        headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_bytes()))
+            .collect()
     }
 
     /// Active secrets with consecutive indexes starting at 0.

@@ -148,29 +148,15 @@ impl HmacScheme {
         secrets: &[ActiveSecret],
     ) -> Result<Verified, VerifyError> {
         let headers = delivery.headers;
-        let value = headers
-            .get(&self.header)
-            .ok_or(VerifyError::MissingHeader(SIGNATURE))?;
-        let signature = value
-            .to_str()
-            .ok()
-            .and_then(|text| text.strip_prefix(self.prefix.as_str()))
+        let signature = crypto::header_text(headers, &self.header, SIGNATURE)?
+            .strip_prefix(self.prefix.as_str())
             .and_then(|text| self.encoding.decode(text))
             .ok_or(VerifyError::Malformed(SIGNATURE))?;
-        let timestamp = match &self.timestamp_header {
-            None => None,
-            Some(name) => {
-                let value = headers
-                    .get(name)
-                    .ok_or(VerifyError::MissingHeader(TIMESTAMP))?;
-                let text = value
-                    .to_str()
-                    .map_err(|_| VerifyError::Malformed(TIMESTAMP))?;
-                let seconds =
-                    crypto::parse_unix_seconds(text).ok_or(VerifyError::Malformed(TIMESTAMP))?;
-                Some((text, seconds))
-            }
-        };
+        let timestamp = self
+            .timestamp_header
+            .as_ref()
+            .map(|name| crypto::signed_timestamp(headers, name, TIMESTAMP))
+            .transpose()?;
         let parts = self
             .template
             .parts(timestamp.map(|(text, _)| text), delivery.body)
@@ -210,9 +196,7 @@ impl HmacScheme {
 mod tests {
 
     use super::*;
-    use crate::provider::crypto::tests::run;
-
-    type Pairs<'a> = &'a [(&'a str, &'a [u8])];
+    use crate::provider::crypto::tests::{Outcome, Pairs, run, signed_pairs};
 
     const SLACK_BODY: &str = "token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&\
         team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&\
@@ -250,12 +234,7 @@ mod tests {
         )
     }
 
-    fn check(
-        scheme: &HmacScheme,
-        pairs: &[(&str, &[u8])],
-        body: &[u8],
-        keys: &[&[u8]],
-    ) -> Result<Verified, VerifyError> {
+    fn check(scheme: &HmacScheme, pairs: Pairs<'_>, body: &[u8], keys: &[&[u8]]) -> Outcome {
         run(
             |d, s| scheme.verify(d, s),
             "/webhooks/acme",
@@ -484,10 +463,7 @@ mod tests {
                     let headers = s.sign(b"secret", b"{\"n\":1}", 1_700_000_000);
                     assert_eq!(headers.len(), 1 + usize::from(ts_header.is_some()));
                     assert!(headers[0].1.starts_with(prefix));
-                    let pairs: Vec<(&str, &[u8])> = headers
-                        .iter()
-                        .map(|(n, v)| (n.as_str(), v.as_bytes()))
-                        .collect();
+                    let pairs = signed_pairs(&headers);
                     let got = check(&s, &pairs, b"{\"n\":1}", &[b"other", b"secret"]);
                     let expected = Verified {
                         secret_index: 1,

@@ -41,40 +41,20 @@ const TIMESTAMP: &str = "X-Twilio-Email-Event-Webhook-Timestamp";
 /// provider has no usable secret. The timestamp is returned unchecked.
 pub fn verify(delivery: &Delivery<'_>, secrets: &[ActiveSecret]) -> Result<Verified, VerifyError> {
     let headers = delivery.headers;
-    let signature = headers
-        .get(SIGNATURE)
-        .ok_or(VerifyError::MissingHeader(SIGNATURE))?
-        .to_str()
-        .ok()
-        .and_then(crypto::decode_base64)
+    let signature = crypto::decode_base64(crypto::header_text(headers, SIGNATURE, SIGNATURE)?)
         .and_then(|der| Signature::from_der(&der).ok())
         .ok_or(VerifyError::Malformed(SIGNATURE))?;
-    let ts = headers
-        .get(TIMESTAMP)
-        .ok_or(VerifyError::MissingHeader(TIMESTAMP))?
-        .to_str()
-        .map_err(|_| VerifyError::Malformed(TIMESTAMP))?;
-    let timestamp = crypto::parse_unix_seconds(ts).ok_or(VerifyError::Malformed(TIMESTAMP))?;
+    let (ts, timestamp) = crypto::signed_timestamp(headers, TIMESTAMP, TIMESTAMP)?;
     let signed: [&[u8]; 2] = [ts.as_bytes(), delivery.body];
-    let mut usable = false;
-    for secret in secrets {
-        let Some(key) = verifying_key(secret.value.expose()) else {
-            continue;
-        };
-        usable = true;
-        // SendGrid's signatures may have a high `s`; p256 accepts both
-        // halves, as SendGrid's own verifiers do.
-        if key.multipart_verify(&signed, &signature).is_ok() {
-            return Ok(Verified {
-                secret_index: secret.index,
-                timestamp: Some(timestamp),
-            });
-        }
-    }
-    Err(if usable {
-        VerifyError::NoMatch
-    } else {
-        VerifyError::NoUsableSecret
+    // SendGrid's signatures may have a high `s`; p256 accepts both halves,
+    // as SendGrid's own verifiers do.
+    let secret_index = crypto::first_secret(secrets, |secret| {
+        let key = verifying_key(secret)?;
+        Some(key.multipart_verify(&signed, &signature).is_ok())
+    })?;
+    Ok(Verified {
+        secret_index,
+        timestamp: Some(timestamp),
     })
 }
 
@@ -145,7 +125,11 @@ mod tests {
     use p256::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
 
     use super::*;
-    use crate::provider::crypto::tests::run;
+    use crate::provider::crypto::tests::{Outcome, Pairs, run, signed_pairs};
+
+    fn check(pairs: Pairs<'_>, body: &[u8], keys: &[&[u8]]) -> Outcome {
+        run(verify, "/webhooks/sendgrid", pairs, body, keys)
+    }
 
     /// sendgrid-python's `test/unit/test_eventwebhook.py`.
     const PUBLIC_KEY: &str = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE83T4O/n84iotIvIW4mdBgQ/7dAfSmpqIM8kF9mN1flpVKS3GRqe62gw+2fNNRaINXvVpiglSI8eNEc6wEA3F+g==";
@@ -169,23 +153,8 @@ mod tests {
         base64::engine::general_purpose::STANDARD.encode(der.as_bytes())
     }
 
-    fn check(
-        pairs: &[(&str, &[u8])],
-        body: &[u8],
-        keys: &[&[u8]],
-    ) -> Result<Verified, VerifyError> {
-        run(verify, "/webhooks/sendgrid", pairs, body, keys)
-    }
-
     fn official<'a>(signature: &'a [u8], ts: &'a [u8]) -> [(&'static str, &'a [u8]); 2] {
         [(SIGNATURE, signature), (TIMESTAMP, ts)]
-    }
-
-    fn as_pairs(headers: &SignedHeaders) -> Vec<(&str, &[u8])> {
-        headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_bytes()))
-            .collect()
     }
 
     #[test]
@@ -322,7 +291,7 @@ mod tests {
         assert_eq!(headers[1], (TIMESTAMP.to_owned(), "1700000000".to_owned()));
         let public = public_base64(&key);
         let got = check(
-            &as_pairs(&headers),
+            &signed_pairs(&headers),
             body,
             &[PUBLIC_KEY.as_bytes(), public.as_bytes()],
         );
@@ -334,7 +303,7 @@ mod tests {
             })
         );
         let got = check(
-            &as_pairs(&headers),
+            &signed_pairs(&headers),
             br#"[{"sg_event_id":"e2","event":"delivered"}]"#,
             &[public.as_bytes()],
         );
@@ -362,7 +331,7 @@ mod tests {
         ];
         for form in forms {
             let headers = sign_with_private_key(form, b"[]\r\n", 42).unwrap();
-            let got = check(&as_pairs(&headers), b"[]\r\n", &[public.as_bytes()]);
+            let got = check(&signed_pairs(&headers), b"[]\r\n", &[public.as_bytes()]);
             assert_eq!(got.map(|v| v.timestamp), Ok(Some(42)));
         }
     }

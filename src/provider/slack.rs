@@ -28,32 +28,13 @@ const PREFIX: &str = "v0=";
 /// unchecked: the window phase judges it.
 pub fn verify(delivery: &Delivery<'_>, secrets: &[ActiveSecret]) -> Result<Verified, VerifyError> {
     let headers = delivery.headers;
-    let signature = headers
-        .get(SIGNATURE)
-        .ok_or(VerifyError::MissingHeader(SIGNATURE))?
-        .to_str()
-        .ok()
-        .and_then(|text| text.strip_prefix(PREFIX))
+    let signature = crypto::header_text(headers, SIGNATURE, SIGNATURE)?
+        .strip_prefix(PREFIX)
         .and_then(crypto::decode_hex)
         .ok_or(VerifyError::Malformed(SIGNATURE))?;
-    let ts = headers
-        .get(TIMESTAMP)
-        .ok_or(VerifyError::MissingHeader(TIMESTAMP))?
-        .to_str()
-        .map_err(|_| VerifyError::Malformed(TIMESTAMP))?;
-    let timestamp = crypto::parse_unix_seconds(ts).ok_or(VerifyError::Malformed(TIMESTAMP))?;
+    let (ts, timestamp) = crypto::signed_timestamp(headers, TIMESTAMP, TIMESTAMP)?;
     let parts: [&[u8]; 4] = [b"v0:", ts.as_bytes(), b":", delivery.body];
-    let secret_index = crypto::first_match(
-        Algorithm::Sha256,
-        secrets,
-        crypto::raw_key,
-        &parts,
-        &[signature],
-    )?;
-    Ok(Verified {
-        secret_index,
-        timestamp: Some(timestamp),
-    })
+    crypto::verify_sha256(secrets, &parts, &[signature], Some(timestamp))
 }
 
 /// The signature and timestamp headers Slack would send for `body`.
@@ -74,7 +55,11 @@ pub fn sign(secret: &[u8], body: &[u8], timestamp: i64) -> SignedHeaders {
 mod tests {
 
     use super::*;
-    use crate::provider::crypto::tests::run;
+    use crate::provider::crypto::tests::{Outcome, Pairs, run, signed_pairs};
+
+    fn check(pairs: Pairs<'_>, body: &[u8], keys: &[&[u8]]) -> Outcome {
+        run(verify, "/webhooks/slack", pairs, body, keys)
+    }
 
     /// python-slack-sdk's `test_signature_verifier.py`.
     const SECRET: &[u8] = b"8f742231b10e8888abcd99yyyzzz85a5";
@@ -85,14 +70,6 @@ mod tests {
         response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&\
         trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
     const OFFICIAL: &str = "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503";
-
-    fn check(
-        pairs: &[(&str, &[u8])],
-        body: &[u8],
-        keys: &[&[u8]],
-    ) -> Result<Verified, VerifyError> {
-        run(verify, "/webhooks/slack", pairs, body, keys)
-    }
 
     fn official<'a>(signature: &'a [u8], ts: &'a [u8]) -> [(&'static str, &'a [u8]); 2] {
         [(SIGNATURE, signature), (TIMESTAMP, ts)]
@@ -180,10 +157,7 @@ mod tests {
 
         let body = br#"{"type":"event_callback","event_id":"Ev01"}"#;
         let headers = sign(b"new", body, 1_700_000_000);
-        let pairs: Vec<(&str, &[u8])> = headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_bytes()))
-            .collect();
+        let pairs = signed_pairs(&headers);
         let got = check(&pairs, body, &[b"old", b"new"]);
         assert_eq!(
             got,

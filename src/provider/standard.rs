@@ -132,21 +132,17 @@ fn key(secret: &[u8]) -> Option<Cow<'_, [u8]>> {
 mod tests {
 
     use super::*;
-    use crate::provider::crypto::tests::run;
+    use crate::provider::crypto::tests::{Outcome, Pairs, run, signed_pairs};
+
+    fn check(pairs: Pairs<'_>, body: &[u8], keys: &[&[u8]]) -> Outcome {
+        run(verify, "/webhooks/standard", pairs, body, keys)
+    }
 
     const SECRET: &[u8] = b"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     const ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
     const TS: &str = "1614265330";
     const BODY: &[u8] = br#"{"test": 2432232314}"#;
     const SIGNATURE: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
-
-    fn check(
-        pairs: &[(&str, &[u8])],
-        body: &[u8],
-        keys: &[&[u8]],
-    ) -> Result<Verified, VerifyError> {
-        run(verify, "/webhooks/standard", pairs, body, keys)
-    }
 
     fn official(signature: &str) -> Vec<(&'static str, Vec<u8>)> {
         vec![
@@ -269,10 +265,7 @@ mod tests {
         assert_eq!(headers, expected);
 
         let headers = sign(b"whsec_c2VjcmV0LWtleS1ieXRlcw==", b"{}", "msg_1", 42);
-        let pairs: Vec<(&str, &[u8])> = headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_bytes()))
-            .collect();
+        let pairs = signed_pairs(&headers);
         let got = check(&pairs, b"{}", &[b"whsec_c2VjcmV0LWtleS1ieXRlcw=="]);
         assert_eq!(got.map(|v| v.timestamp), Ok(Some(42)));
     }

@@ -51,14 +51,9 @@ impl TwilioScheme {
         delivery: &Delivery<'_>,
         secrets: &[ActiveSecret],
     ) -> Result<Verified, VerifyError> {
-        let signature = delivery
-            .headers
-            .get(HEADER)
-            .ok_or(VerifyError::MissingHeader(HEADER))?
-            .to_str()
-            .ok()
-            .and_then(crypto::decode_base64)
-            .ok_or(VerifyError::Malformed(HEADER))?;
+        let signature =
+            crypto::decode_base64(crypto::header_text(delivery.headers, HEADER, HEADER)?)
+                .ok_or(VerifyError::Malformed(HEADER))?;
         let query = delivery.uri.query();
         let params = signed_params(delivery, query)?;
         let mut outcome = Err(VerifyError::NoMatch);
@@ -227,7 +222,7 @@ fn other_port_form(url: &str) -> Option<String> {
 mod tests {
 
     use super::*;
-    use crate::provider::crypto::tests::run;
+    use crate::provider::crypto::tests::{Outcome, Pairs, run, signed_pairs};
 
     /// twilio-python's `tests/unit/test_request_validator.py`: the token,
     /// the URL Twilio called (`PUBLIC_URL` + `?foo=1&bar=2`), and the
@@ -276,10 +271,10 @@ mod tests {
     fn check_with(
         public_url: &str,
         uri: &str,
-        pairs: &[(&str, &[u8])],
+        pairs: Pairs<'_>,
         body: &[u8],
         keys: &[&[u8]],
-    ) -> Result<Verified, VerifyError> {
+    ) -> Outcome {
         run(
             |d, s| twilio(public_url).verify(d, s),
             uri,
@@ -290,18 +285,22 @@ mod tests {
     }
 
     /// The same for a form delivery with this signature.
-    fn check(
-        public_url: &str,
-        uri: &str,
-        signature: &str,
-        body: &[u8],
-        keys: &[&[u8]],
-    ) -> Result<Verified, VerifyError> {
+    fn check(public_url: &str, uri: &str, signature: &str, body: &[u8], keys: &[&[u8]]) -> Outcome {
         let pairs: [(&str, &[u8]); 2] = [
             (HEADER, signature.as_bytes()),
             ("Content-Type", FORM.as_bytes()),
         ];
         check_with(public_url, uri, &pairs, body, keys)
+    }
+
+    /// Asserts that the official form delivery matches for none of these
+    /// (public URL, gate URI) pairs, naming the one that does.
+    fn assert_official_never_matches(cases: &[(&str, &str)]) {
+        let body = official_body();
+        for (public_url, uri) in cases {
+            let got = check(public_url, uri, OFFICIAL, &body, &[TOKEN]);
+            assert_eq!(got, Err(VerifyError::NoMatch), "{public_url:?} {uri}");
+        }
     }
 
     #[test]
@@ -399,16 +398,12 @@ mod tests {
 
     #[test]
     fn the_query_is_part_of_the_signed_url() {
-        let body = official_body();
-        for uri in [
-            "/webhooks/twilio",
-            "/webhooks/twilio?",
-            "/webhooks/twilio?bar=2&foo=1",
-            "/webhooks/twilio?foo=1&bar=3",
-        ] {
-            let got = check(PUBLIC_URL, uri, OFFICIAL, &body, &[TOKEN]);
-            assert_eq!(got, Err(VerifyError::NoMatch), "{uri}");
-        }
+        assert_official_never_matches(&[
+            (PUBLIC_URL, "/webhooks/twilio"),
+            (PUBLIC_URL, "/webhooks/twilio?"),
+            (PUBLIC_URL, "/webhooks/twilio?bar=2&foo=1"),
+            (PUBLIC_URL, "/webhooks/twilio?foo=1&bar=3"),
+        ]);
     }
 
     #[test]
@@ -540,16 +535,12 @@ mod tests {
 
     #[test]
     fn a_malformed_public_url_never_panics_or_matches() {
-        let body = official_body();
-        for public_url in [
-            "",
-            "not a url",
-            "https://",
-            "https://mycompany.com:/myapp.php",
-        ] {
-            let got = check(public_url, GATE_URI, OFFICIAL, &body, &[TOKEN]);
-            assert_eq!(got, Err(VerifyError::NoMatch), "{public_url:?}");
-        }
+        assert_official_never_matches(&[
+            ("", GATE_URI),
+            ("not a url", GATE_URI),
+            ("https://", GATE_URI),
+            ("https://mycompany.com:/myapp.php", GATE_URI),
+        ]);
     }
 
     #[test]
@@ -569,10 +560,7 @@ mod tests {
         let public_url = "https://hooks.example.com/webhooks/twilio";
         let body = b"MessageSid=SM1&MessageStatus=delivered&Body=Hi+there%21";
         let headers = twilio(public_url).sign(b"token", body, "idem-2");
-        let pairs: Vec<(&str, &[u8])> = headers
-            .iter()
-            .map(|(n, v)| (n.as_str(), v.as_bytes()))
-            .collect();
+        let pairs = signed_pairs(&headers);
         let got = check_with(public_url, "/webhooks/twilio", &pairs, body, &[b"token"]);
         assert_eq!(got.map(|v| v.secret_index), Ok(0));
         let sent = b"MessageSid=SM1&MessageStatus=sent&Body=Hi+there%21";
