@@ -165,36 +165,11 @@ fn array_index(token: &str) -> Option<usize> {
     token.parse().ok()
 }
 
-/// An object key or string, borrowed when the text has no escapes.
-struct Text<'a>(Cow<'a, str>);
-
-impl<'de> Deserialize<'de> for Text<'de> {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_str(TextVisitor)
-    }
-}
-
-struct TextVisitor;
-
-impl<'de> Visitor<'de> for TextVisitor {
-    type Value = Text<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a string")
-    }
-
-    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Borrowed(s)))
-    }
-
-    fn visit_str<E>(self, s: &str) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Owned(s.to_owned())))
-    }
-
-    fn visit_string<E>(self, s: String) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Owned(s)))
-    }
-}
+/// An object key, borrowed when the text has no escapes: serde's `borrow`
+/// on a `Cow<str>` does exactly that (a plain `Cow` always owns).
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Node<'de> {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -231,19 +206,17 @@ impl<'de> Visitor<'de> for NodeVisitor {
         Ok(Number::from_f64(n).map_or(Node::Null, Node::Number))
     }
 
-    // Strings are borrowed or owned exactly as keys are: `TextVisitor`.
-    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Node<'de>, E> {
-        TextVisitor
-            .visit_borrowed_str(s)
-            .map(|Text(t)| Node::String(t))
+    // Strings are borrowed or owned exactly as keys are (`Text`).
+    fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Borrowed(s)))
     }
 
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<Node<'de>, E> {
-        TextVisitor.visit_str(s).map(|Text(t)| Node::String(t))
+    fn visit_str<E>(self, s: &str) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Owned(s.to_owned())))
     }
 
-    fn visit_string<E: de::Error>(self, s: String) -> Result<Node<'de>, E> {
-        TextVisitor.visit_string(s).map(|Text(t)| Node::String(t))
+    fn visit_string<E>(self, s: String) -> Result<Node<'de>, E> {
+        Ok(Node::String(Cow::Owned(s)))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node<'de>, A::Error> {
