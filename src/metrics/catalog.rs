@@ -109,27 +109,22 @@ impl Metric<Gauge> {
 }
 
 /// Latency buckets in seconds, from 0.25 ms doubling to about 16 s.
-pub(super) const LATENCY_BUCKETS: [f64; 17] = {
-    let mut buckets = [0.000_25; 17];
-    let mut i = 1;
-    while i < buckets.len() {
-        buckets[i] = buckets[i - 1] * 2.0;
-        i += 1;
-    }
-    buckets
-};
+pub(super) const LATENCY_BUCKETS: [f64; 17] = doubling(0.000_25);
 
 /// Accept-to-delivery buckets in seconds: 0.1 s doubling to about 58 h,
 /// past the 3 days a job may wait at the most by default.
-pub(super) const QUEUE_BUCKETS: [f64; 22] = {
-    let mut buckets = [0.1; 22];
+pub(super) const QUEUE_BUCKETS: [f64; 22] = doubling(0.1);
+
+/// `N` bucket bounds, from `first` doubling.
+const fn doubling<const N: usize>(first: f64) -> [f64; N] {
+    let mut buckets = [first; N];
     let mut i = 1;
-    while i < buckets.len() {
+    while i < N {
         buckets[i] = buckets[i - 1] * 2.0;
         i += 1;
     }
     buckets
-};
+}
 
 /// Declares each metric as a `static` [`Metric`] and lists them all in
 /// [`ALL`], in the order both exports register them.

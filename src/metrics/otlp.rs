@@ -19,7 +19,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Gauge, Histogram, Meter, MeterProvider as _};
+use opentelemetry::metrics::{
+    Counter, Gauge, Histogram, InstrumentBuilder, Meter, MeterProvider as _,
+};
 use opentelemetry_http::{HttpClient, HttpError};
 use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
@@ -101,13 +103,9 @@ impl Otlp {
 impl Instrument {
     fn new(meter: &Meter, metric: &Descriptor) -> Self {
         match metric.kind {
-            Kind::Counter => Self::Counter(
-                meter
-                    .u64_counter(metric.name)
-                    .with_description(metric.help)
-                    .with_unit(metric.unit())
-                    .build(),
-            ),
+            Kind::Counter => {
+                Self::Counter(described(meter.u64_counter(metric.name), metric).build())
+            }
             Kind::Histogram => Self::Histogram(
                 meter
                     .f64_histogram(metric.name)
@@ -116,15 +114,19 @@ impl Instrument {
                     .with_boundaries(metric.buckets.to_vec())
                     .build(),
             ),
-            Kind::Gauge => Self::Gauge(
-                meter
-                    .u64_gauge(metric.name)
-                    .with_description(metric.help)
-                    .with_unit(metric.unit())
-                    .build(),
-            ),
+            Kind::Gauge => Self::Gauge(described(meter.u64_gauge(metric.name), metric).build()),
         }
     }
+}
+
+/// A counter or gauge builder given the metric's help and unit.
+fn described<'a, T>(
+    builder: InstrumentBuilder<'a, T>,
+    metric: &Descriptor,
+) -> InstrumentBuilder<'a, T> {
+    builder
+        .with_description(metric.help)
+        .with_unit(metric.unit())
 }
 
 impl Recorder for Otlp {
