@@ -82,24 +82,7 @@ pub enum GateError {
 impl GateError {
     /// The stable code of SPEC section 2, also the metric's `outcome` label.
     pub fn code(&self) -> &'static str {
-        match self {
-            Self::InvalidSignature { .. } => "invalid_signature",
-            Self::StaleTimestamp { .. } => "stale_timestamp",
-            Self::MissingKey => "missing_key",
-            Self::BadPayload(_) => "bad_payload",
-            Self::BadPath => "bad_path",
-            Self::UnknownRoute => "unknown_route",
-            Self::MethodNotAllowed => "method_not_allowed",
-            Self::InFlight { .. } => "in_flight",
-            Self::PayloadTooLarge { .. } => "payload_too_large",
-            Self::RequestTimeout => "request_timeout",
-            Self::PayloadMismatch { .. } => "payload_mismatch",
-            Self::RateLimited { .. } => "rate_limited",
-            Self::UpstreamUnreachable(_) => "upstream_unreachable",
-            Self::StoreUnavailable(_) => "store_unavailable",
-            Self::UpstreamTimeout(_) => "upstream_timeout",
-            Self::Internal(_) => "internal_error",
-        }
+        self.told().0
     }
 
     pub fn status(&self) -> StatusCode {
@@ -131,27 +114,27 @@ impl GateError {
         }
     }
 
-    /// One human sentence for the sender; fixed text, so nothing leaks.
-    fn public_message(&self) -> &'static str {
+    /// What the sender is told: the code, and one human sentence; fixed
+    /// text, so nothing leaks. A table, one row a variant.
+    #[rustfmt::skip]
+    fn told(&self) -> (&'static str, &'static str) {
         match self {
-            Self::InvalidSignature { .. } => "The webhook signature is missing or does not verify.",
-            Self::StaleTimestamp { .. } => "The signed timestamp is outside the accepted window.",
-            Self::MissingKey => "The delivery carries no idempotency key.",
-            Self::BadPayload(_) => "The payload could not be parsed to find its idempotency key.",
-            Self::BadPath => "The path is an ambiguous spelling of a webhook path.",
-            Self::UnknownRoute => "No webhook provider is configured for this path.",
-            Self::MethodNotAllowed => "Webhook deliveries must use POST.",
-            Self::InFlight { .. } => "This event is being processed; retry later.",
-            Self::PayloadTooLarge { .. } => "The body is larger than the gate accepts.",
-            Self::RequestTimeout => "The body did not arrive in time.",
-            Self::PayloadMismatch { .. } => {
-                "This event id was already seen with a different payload."
-            }
-            Self::RateLimited { .. } => "Too many deliveries; retry later.",
-            Self::UpstreamUnreachable(_) => "The application could not be reached.",
-            Self::StoreUnavailable(_) => "The dedupe store is unavailable; retry later.",
-            Self::UpstreamTimeout(_) => "The application did not answer in time.",
-            Self::Internal(_) => "The gate failed on this delivery; retry later.",
+            Self::InvalidSignature { .. } => ("invalid_signature",    "The webhook signature is missing or does not verify."),
+            Self::StaleTimestamp { .. } =>   ("stale_timestamp",      "The signed timestamp is outside the accepted window."),
+            Self::MissingKey =>              ("missing_key",          "The delivery carries no idempotency key."),
+            Self::BadPayload(_) =>           ("bad_payload",          "The payload could not be parsed to find its idempotency key."),
+            Self::BadPath =>                 ("bad_path",             "The path is an ambiguous spelling of a webhook path."),
+            Self::UnknownRoute =>            ("unknown_route",        "No webhook provider is configured for this path."),
+            Self::MethodNotAllowed =>        ("method_not_allowed",   "Webhook deliveries must use POST."),
+            Self::InFlight { .. } =>         ("in_flight",            "This event is being processed; retry later."),
+            Self::PayloadTooLarge { .. } =>  ("payload_too_large",    "The body is larger than the gate accepts."),
+            Self::RequestTimeout =>          ("request_timeout",      "The body did not arrive in time."),
+            Self::PayloadMismatch { .. } =>  ("payload_mismatch",     "This event id was already seen with a different payload."),
+            Self::RateLimited { .. } =>      ("rate_limited",         "Too many deliveries; retry later."),
+            Self::UpstreamUnreachable(_) =>  ("upstream_unreachable", "The application could not be reached."),
+            Self::StoreUnavailable(_) =>     ("store_unavailable",    "The dedupe store is unavailable; retry later."),
+            Self::UpstreamTimeout(_) =>      ("upstream_timeout",     "The application did not answer in time."),
+            Self::Internal(_) =>             ("internal_error",       "The gate failed on this delivery; retry later."),
         }
     }
 
@@ -167,7 +150,8 @@ impl GateError {
 
     /// The response the sender gets.
     pub fn to_response(&self) -> Response<ProxyBody> {
-        let body = serde_json::json!({ "error": self.code(), "message": self.public_message() });
+        let (code, message) = self.told();
+        let body = serde_json::json!({ "error": code, "message": message });
         let mut response = Response::new(full(Bytes::from(body.to_string())));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
@@ -175,7 +159,7 @@ impl GateError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        headers.insert(RESULT_HEADER, HeaderValue::from_static(self.code()));
+        headers.insert(RESULT_HEADER, HeaderValue::from_static(code));
         if let Some(after) = self.retry_after() {
             // Whole seconds, rounded up: Retry-After has no fractions.
             let secs = after.as_millis().div_ceil(1000).max(1);
