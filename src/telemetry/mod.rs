@@ -188,40 +188,36 @@ impl DeliveryRecord {
         }
         let duration_ms = elapsed.as_secs_f64() * 1000.0;
         let duration_ms = (duration_ms * 1000.0).round() / 1000.0;
-        // tracing needs a constant level at each call site, so the two
-        // field lists stay written out.
+        // tracing needs a constant level at each call site: one macro
+        // writes the shared fields at both levels.
+        macro_rules! delivery_line {
+            ($level:ident $(, $field:ident = $value:expr)*) => {
+                tracing::$level!(
+                    target: "hookgate::delivery",
+                    provider = self.provider.as_str(),
+                    key = self.key.as_deref(),
+                    verification = self.verification.as_str(),
+                    dedupe = self.dedupe.as_str(),
+                    outcome,
+                    upstream_status = self.upstream_status,
+                    secret = self.secret_index,
+                    duration_ms,
+                    traceparent = self.traceparent.as_deref(),
+                    $($field = $value,)*
+                    "delivery"
+                )
+            };
+        }
         if matches!(
             self.outcome,
             Outcome::Forwarded | Outcome::Duplicate | Outcome::Accepted
         ) {
-            tracing::info!(
-                target: "hookgate::delivery",
-                provider = self.provider.as_str(),
-                key = self.key.as_deref(),
-                verification = self.verification.as_str(),
-                dedupe = self.dedupe.as_str(),
-                outcome,
-                upstream_status = self.upstream_status,
-                secret = self.secret_index,
-                duration_ms,
-                traceparent = self.traceparent.as_deref(),
-                "delivery"
-            );
+            delivery_line!(info);
         } else {
-            tracing::warn!(
-                target: "hookgate::delivery",
-                provider = self.provider.as_str(),
-                key = self.key.as_deref(),
-                verification = self.verification.as_str(),
-                dedupe = self.dedupe.as_str(),
-                outcome,
-                upstream_status = self.upstream_status,
-                secret = self.secret_index,
-                duration_ms,
-                traceparent = self.traceparent.as_deref(),
+            delivery_line!(
+                warn,
                 detail = self.detail.as_deref(),
-                side = self.side.map(Side::as_str),
-                "delivery"
+                side = self.side.map(Side::as_str)
             );
         }
     }
