@@ -318,12 +318,7 @@ fn plant(value: &mut Value) {
 pub fn key_extraction(data: &[u8]) {
     let (spec, rest) = split_line(data);
     let (content_type, body) = split_line(rest);
-    let specs: Vec<String> = String::from_utf8_lossy(spec)
-        .split(' ')
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
-    let Ok(source) = KeySource::parse(&specs) else {
+    let Ok(source) = KeySource::parse(&words(spec)) else {
         return;
     };
     let mut headers = HeaderMap::new();
@@ -369,11 +364,7 @@ pub fn key_extraction(data: &[u8]) {
 /// fingerprint is stable, and for JSON it ignores re-serialization.
 pub fn fingerprint(data: &[u8]) {
     let (volatile, body) = split_line(data);
-    let volatile: Vec<String> = String::from_utf8_lossy(volatile)
-        .split(' ')
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let volatile = words(volatile);
     let mut form = HeaderMap::new();
     form.insert(
         http::header::CONTENT_TYPE,
@@ -502,6 +493,15 @@ fn split_line(data: &[u8]) -> (&[u8], &[u8]) {
         Some(at) => (&data[..at], &data[at + 1..]),
         None => (data, &b""[..]),
     }
+}
+
+/// A line's words, separated by spaces (a fuzz input's settings line).
+fn words(line: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(line)
+        .split(' ')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The key and canonical form as computed before the gate had its own JSON
