@@ -270,79 +270,88 @@ mod tests {
         ])
     }
 
+    /// Asserts that each of `paths` routes to `expected`, naming the one
+    /// that does not.
+    fn assert_routes(expected: Route, paths: &[&str]) {
+        let routes = table();
+        for path in paths {
+            assert_eq!(routes.route(path), expected, "{path}");
+        }
+    }
+
     #[test]
     fn every_spelling_a_router_accepts_is_the_provider() {
-        let routes = table();
-        for path in [
-            "/webhooks/stripe",
-            "/webhooks/stripe/",
-            "/webhooks//stripe",
-            "//webhooks/stripe",
-            "/webhooks/./stripe",
-            "/webhooks/x/../stripe",
-            "/../webhooks/stripe",
-            "/webhooks/%73tripe",
-            "/webhooks/%2e/stripe",
-            "/webhooks/x/%2E%2E/stripe",
-            "/Webhooks/Stripe",
-            "/WEBHOOKS/STRIPE/",
-            "/webhooks/stripe;jsessionid=1",
-            "/webhooks;a=b/stripe",
-            "/webhooks/stripe/.",
-            "/webhooks/stripe/x/..",
-        ] {
-            assert_eq!(routes.route(path), Route::Provider(0), "{path}");
-        }
+        assert_routes(
+            Route::Provider(0),
+            &[
+                "/webhooks/stripe",
+                "/webhooks/stripe/",
+                "/webhooks//stripe",
+                "//webhooks/stripe",
+                "/webhooks/./stripe",
+                "/webhooks/x/../stripe",
+                "/../webhooks/stripe",
+                "/webhooks/%73tripe",
+                "/webhooks/%2e/stripe",
+                "/webhooks/x/%2E%2E/stripe",
+                "/Webhooks/Stripe",
+                "/WEBHOOKS/STRIPE/",
+                "/webhooks/stripe;jsessionid=1",
+                "/webhooks;a=b/stripe",
+                "/webhooks/stripe/.",
+                "/webhooks/stripe/x/..",
+            ],
+        );
     }
 
     #[test]
     fn ambiguous_spellings_are_refused() {
-        let routes = table();
-        for path in [
-            "/webhooks%2Fstripe",
-            "/webhooks%2fstripe",
-            "/webhooks/%2573tripe",
-            "/webhooks\\stripe",
-            "/webhooks%5Cstripe",
-            "/webhooks/stripe.json",
-            "/webhooks/stripe%00",
-            "/webhooks/stripe%20",
-            "/webhooks/stripe.",
-            "/webhooks/stripe%",
-            "/webhooks/st%zzripe/../stripe",
-            "/hooks/Exact.json",
-            "/webhooks/%C5%BFtripe",
-            "/webhooks/stripe%3Bx=1",
-            "/webhooks/stripe%09",
-        ] {
-            assert_eq!(routes.route(path), Route::Refused, "{path}");
-        }
+        assert_routes(
+            Route::Refused,
+            &[
+                "/webhooks%2Fstripe",
+                "/webhooks%2fstripe",
+                "/webhooks/%2573tripe",
+                "/webhooks\\stripe",
+                "/webhooks%5Cstripe",
+                "/webhooks/stripe.json",
+                "/webhooks/stripe%00",
+                "/webhooks/stripe%20",
+                "/webhooks/stripe.",
+                "/webhooks/stripe%",
+                "/webhooks/st%zzripe/../stripe",
+                "/hooks/Exact.json",
+                "/webhooks/%C5%BFtripe",
+                "/webhooks/stripe%3Bx=1",
+                "/webhooks/stripe%09",
+            ],
+        );
     }
 
     #[test]
     fn case_sensitive_providers_match_case_after_normalizing() {
-        let routes = table();
-        assert_eq!(routes.route("/hooks/Exact"), Route::Provider(1));
-        assert_eq!(routes.route("/hooks//Exact/"), Route::Provider(1));
-        assert_eq!(routes.route("/hooks/%45xact"), Route::Provider(1));
+        assert_routes(
+            Route::Provider(1),
+            &["/hooks/Exact", "/hooks//Exact/", "/hooks/%45xact"],
+        );
     }
 
     #[test]
     fn other_paths_are_left_alone() {
-        let routes = table();
-        for path in [
-            "/",
-            "/webhooks",
-            "/webhooks/stripe/events",
-            "/webhooks/stripes",
-            "/health",
-            "/static/100%",
-            "/hooks/exact",
-            "/HOOKS/EXACT",
-            "*",
-        ] {
-            assert_eq!(routes.route(path), Route::Other, "{path}");
-        }
+        assert_routes(
+            Route::Other,
+            &[
+                "/",
+                "/webhooks",
+                "/webhooks/stripe/events",
+                "/webhooks/stripes",
+                "/health",
+                "/static/100%",
+                "/hooks/exact",
+                "/HOOKS/EXACT",
+                "*",
+            ],
+        );
     }
 
     #[test]
