@@ -43,9 +43,9 @@ use crate::support::redis_server::RedisServer;
 use crate::support::store_server::StoreServer;
 use crate::support::upstream::{Behavior, Upstream};
 
-const GATES: usize = 3;
+pub(crate) const GATES: usize = 3;
 /// The instance that is SIGKILLed mid-run.
-const VICTIM: usize = 1;
+pub(crate) const VICTIM: usize = 1;
 /// A sender gives up on a copy after this many attempts (a real provider
 /// retries for days; this bounds a broken run instead of hanging it).
 const MAX_ATTEMPTS: u32 = 60;
@@ -57,11 +57,11 @@ const LEASE: &str = "5s";
 /// upstream timeout, can outlast a claim's lease (the second boundary).
 const LEASE_TIME: Duration = Duration::from_secs(5);
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// What one sender saw on one attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Seen {
+pub(crate) enum Seen {
     Status(u16),
     /// Connection refused, reset, or no answer in time.
     Broken,
@@ -79,26 +79,26 @@ struct Attempt {
 
 /// A gate process's identity for the whole run: the upstream base path it
 /// forwards under (`/i{n}`), so the app's records say which process called.
-struct Instance {
-    addr: SocketAddr,
+pub(crate) struct Instance {
+    pub(crate) addr: SocketAddr,
 }
 
 /// Shared by the senders: where each gate slot answers now.
-struct Cluster {
+pub(crate) struct Cluster {
     /// `slots[g]` is the index into `instances` of slot g's current process.
-    slots: Mutex<[usize; GATES]>,
-    instances: Mutex<Vec<Instance>>,
+    pub(crate) slots: Mutex<[usize; GATES]>,
+    pub(crate) instances: Mutex<Vec<Instance>>,
 }
 
 impl Cluster {
-    fn pick(&self, r: u64) -> (usize, SocketAddr) {
+    pub(crate) fn pick(&self, r: u64) -> (usize, SocketAddr) {
         let slot = (r % GATES as u64) as usize;
         let instance = self.slots.lock().unwrap()[slot];
         (instance, self.instances.lock().unwrap()[instance].addr)
     }
 }
 
-fn env_usize(name: &str, default: usize) -> usize {
+pub(crate) fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -107,10 +107,10 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 /// A small deterministic generator (xorshift64*): the run's order and
 /// choices vary by seed, not by chance.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -127,15 +127,20 @@ fn instance_config(instance: usize, up: &Upstream, store: &StoreConfig) -> GateF
 }
 
 /// Starts a `hookgate run` process on `config`, which must outlive it.
-async fn spawn_gate(config: &GateFixture) -> (Child, SocketAddr) {
+pub(crate) async fn spawn_gate(config: &GateFixture) -> (Child, SocketAddr) {
     let path = config.config_file();
     tokio::task::spawn_blocking(move || Child::spawn(&path))
         .await
         .unwrap()
 }
 
-/// One POST, never panicking: a broken connection is an answer too.
-async fn attempt(client: &HttpClient, addr: SocketAddr, body: &[u8]) -> (Seen, bool) {
+/// One POST, never panicking: a broken connection is an answer too. With
+/// the answer's `Hookgate-Result`.
+pub(crate) async fn attempt(
+    client: &HttpClient,
+    addr: SocketAddr,
+    body: &[u8],
+) -> (Seen, Option<String>) {
     let mut req = Request::builder()
         .method("POST")
         .uri(format!("http://{addr}/webhooks/stripe"));
@@ -146,18 +151,19 @@ async fn attempt(client: &HttpClient, addr: SocketAddr, body: &[u8]) -> (Seen, b
     let call = async {
         let response = client.request(req).await.ok()?;
         let status = response.status().as_u16();
-        let forwarded = response
+        let result = response
             .headers()
             .get("hookgate-result")
-            .is_some_and(|v| v == "forwarded");
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         response.into_body().collect().await.ok()?;
-        Some((Seen::Status(status), forwarded))
+        Some((Seen::Status(status), result))
     };
     tokio::time::timeout(Duration::from_secs(5), call)
         .await
         .ok()
         .flatten()
-        .unwrap_or((Seen::Broken, false))
+        .unwrap_or((Seen::Broken, None))
 }
 
 /// Delivers one copy like a provider: until a 2xx, with capped exponential
@@ -172,7 +178,8 @@ async fn deliver(
     let body = stripe_event(&format!("evt_chaos_{event}"));
     for n in 0..MAX_ATTEMPTS {
         let (instance, addr) = cluster.pick(rng.next());
-        let (seen, forwarded) = attempt(client, addr, &body).await;
+        let (seen, result) = attempt(client, addr, &body).await;
+        let forwarded = result.as_deref() == Some("forwarded");
         log.lock().unwrap().push(Attempt {
             event,
             instance,

@@ -4,6 +4,7 @@
 mod answers;
 mod batch;
 mod chaos;
+mod chaos_queue;
 mod cli;
 mod dedupe;
 mod forwarding;

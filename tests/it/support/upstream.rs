@@ -1,7 +1,6 @@
 //! A real upstream on port 0 that records what it receives and can be told
 //! to fail or stall (svix's `TestReceiver`, in spirit).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,6 +43,9 @@ pub enum Behavior {
         stall_percent: u64,
         stall: Duration,
     },
+    /// Down: every connection is closed without an answer, new ones at
+    /// once, kept-alive ones at their next request. Nothing is recorded.
+    Down,
 }
 
 #[derive(Default)]
@@ -72,6 +74,9 @@ impl Upstream {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                if matches!(shared.lock().unwrap().behavior, Some(Behavior::Down)) {
+                    continue;
+                }
                 let state = Arc::clone(&shared);
                 tokio::spawn(async move {
                     let service = service_fn(move |req| answer(Arc::clone(&state), req));
@@ -106,10 +111,14 @@ impl Upstream {
     }
 }
 
+/// The app's answer; an error closes the connection unanswered (`Down`).
 async fn answer(
     state: Arc<Mutex<State>>,
     req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Full<Bytes>>, std::io::Error> {
+    if matches!(state.lock().unwrap().behavior, Some(Behavior::Down)) {
+        return Err(std::io::Error::other("the app is down"));
+    }
     let (parts, body) = req.into_parts();
     let body = body
         .collect()
@@ -121,6 +130,8 @@ async fn answer(
         let n = s.received.len() + 1;
         let (status, stall) = match s.behavior.clone().unwrap_or(Behavior::Status(200)) {
             Behavior::Status(status) | Behavior::Large { status, .. } => (status, None),
+            // Checked before the body was read; it went down meanwhile.
+            Behavior::Down => (503, None),
             Behavior::Stall(d) => (200, Some(d)),
             Behavior::Random {
                 fail_percent,
