@@ -40,16 +40,27 @@ METRICS = {
     "hookgate_postgres_oldest_partition_age_seconds": set(),
     "hookgate_postgres_partitions_ahead": set(),
     "hookgate_postgres_last_maintenance_timestamp_seconds": set(),
+    # Queue mode (SPEC section 1b).
+    "hookgate_queue_depth": {"provider", "state"},
+    "hookgate_queue_oldest_pending_seconds": {"provider"},
+    "hookgate_relay_attempts_total": {"provider", "outcome"},
+    "hookgate_accept_to_delivery_seconds": {"provider"},
+    "hookgate_dead_letters_total": {"provider"},
 }
 # Gauges state a level, so their alerts need no rate: `for:` still holds them
 # over time.
-GAUGES = {n for n in METRICS if n.startswith("hookgate_postgres_")}
+GAUGES = {n for n in METRICS if n.startswith("hookgate_postgres_")} | {
+    "hookgate_queue_depth", "hookgate_queue_oldest_pending_seconds",
+}
 HISTOGRAMS = {n for n in METRICS if n.endswith("_seconds") and n not in GAUGES}
 OUTCOMES = {
     "forwarded", "duplicate", "in_flight", "payload_mismatch", "invalid_signature",
     "stale_timestamp", "missing_key", "bad_payload", "rate_limited", "store_unavailable",
     "upstream_error", "upstream_unreachable", "upstream_timeout", "payload_too_large",
+    "request_timeout", "internal_error", "accepted",
 }
+# The outcomes of a relay attempt (hookgate_relay_attempts_total).
+RELAY_OUTCOMES = {"delivered", "retry", "dead"}
 # Labels Prometheus adds when it scrapes, plus the histogram bucket bound.
 SCRAPE_LABELS = {"namespace", "job", "instance", "pod", "le"}
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -262,8 +273,9 @@ def check_expr(expr, where):
         for label, value in re.findall(r'([a-z_]+)\s*=~?\s*"([^"]*)"', selector):
             need(label in allowed, f"{where}: label {label} is not on {sorted(names)}")
             if label == "outcome":
+                known = RELAY_OUTCOMES if "hookgate_relay_attempts_total" in names else OUTCOMES
                 for outcome in value.split("|"):
-                    need(outcome in OUTCOMES, f"{where}: unknown outcome {outcome}")
+                    need(outcome in known, f"{where}: unknown outcome {outcome}")
 
 
 def check_rules(spec, where):
