@@ -31,7 +31,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hookgate::store::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot};
 
-use self::harness::{Harness, LONG, RETAIN, assert_in_flight, fresh, key, race, snapshot};
+use self::harness::{Harness, LONG, assert_in_flight, completes, fresh, key, race, snapshot};
 
 /// Instantiates every generic test below for one backend, in a module named
 /// after it, so that each backend runs the very same tests.
@@ -135,12 +135,7 @@ async fn completed_replays_snapshot_byte_exact<H: Harness>() {
     let h = H::start().await;
     let store = h.store();
     let token = fresh(store.claim(&key("evt_1"), "fp-a", LONG).await.unwrap());
-    assert!(
-        store
-            .complete(&key("evt_1"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&*store, &key("evt_1"), &token, &snapshot()).await);
 
     let replay = store.claim(&key("evt_1"), "fp-a", LONG).await.unwrap();
     assert_eq!(replay, Claim::Existing(Existing::Completed(snapshot())));
@@ -163,12 +158,7 @@ async fn completed_replays_snapshot_byte_exact<H: Harness>() {
         truncated: false,
     };
     let token = fresh(store.claim(&key("evt_2"), "fp", LONG).await.unwrap());
-    assert!(
-        store
-            .complete(&key("evt_2"), &token, &bare, RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&*store, &key("evt_2"), &token, &bare).await);
     let replay = store.claim(&key("evt_2"), "fp", LONG).await.unwrap();
     assert_eq!(replay, Claim::Existing(Existing::Completed(bare)));
 
@@ -178,12 +168,7 @@ async fn completed_replays_snapshot_byte_exact<H: Harness>() {
         ..snapshot()
     };
     let token = fresh(store.claim(&key("evt_3"), "fp", LONG).await.unwrap());
-    assert!(
-        store
-            .complete(&key("evt_3"), &token, &cut, RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&*store, &key("evt_3"), &token, &cut).await);
     let replay = store.claim(&key("evt_3"), "fp", LONG).await.unwrap();
     assert_eq!(replay, Claim::Existing(Existing::Completed(cut)));
 }
@@ -192,39 +177,19 @@ async fn complete_with_wrong_token_does_nothing<H: Harness>() {
     let h = H::start().await;
     let store = h.store();
     let stranger = LeaseToken::generate();
-    assert!(
-        !store
-            .complete(&key("missing"), &stranger, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(!completes(&*store, &key("missing"), &stranger, &snapshot()).await);
 
     let token = fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
-    assert!(
-        !store
-            .complete(&key("evt_1"), &stranger, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(!completes(&*store, &key("evt_1"), &stranger, &snapshot()).await);
     assert_in_flight(&*store, &key("evt_1")).await;
 
-    assert!(
-        store
-            .complete(&key("evt_1"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&*store, &key("evt_1"), &token, &snapshot()).await);
     // Once completed, even the owner's token no longer acts.
     let other = Snapshot {
         status: 500,
         ..snapshot()
     };
-    assert!(
-        !store
-            .complete(&key("evt_1"), &token, &other, RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(!completes(&*store, &key("evt_1"), &token, &other).await);
     let record = store.get(&key("evt_1")).await.unwrap().expect("record");
     assert_eq!(record.state, Existing::Completed(snapshot()));
 }
@@ -253,12 +218,7 @@ async fn release_with_stale_token_does_nothing<H: Harness>() {
     assert_in_flight(&*store, &key("evt_1")).await;
 
     // A completed key is not released, even by the token that completed it.
-    assert!(
-        store
-            .complete(&key("evt_1"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&*store, &key("evt_1"), &token, &snapshot()).await);
     assert!(!store.release(&key("evt_1"), &token).await.unwrap());
     let claim = store.claim(&key("evt_1"), "fp", LONG).await.unwrap();
     assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
@@ -273,21 +233,11 @@ async fn expired_lease_is_taken_over_and_old_token_is_dead<H: Harness>() {
 
     let new = fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
     assert_ne!(old, new);
-    assert!(
-        !store
-            .complete(&key("evt_1"), &old, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(!completes(&*store, &key("evt_1"), &old, &snapshot()).await);
     assert!(!store.release(&key("evt_1"), &old).await.unwrap());
     assert_in_flight(&*store, &key("evt_1")).await;
 
-    assert!(
-        store
-            .complete(&key("evt_1"), &new, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&*store, &key("evt_1"), &new, &snapshot()).await);
 }
 
 async fn expired_lease_cannot_be_completed<H: Harness>() {
@@ -303,12 +253,7 @@ async fn expired_lease_cannot_be_completed<H: Harness>() {
 
     // Nobody took over, but the lease is gone: the key reads as free.
     assert_eq!(store.get(&key("evt_1")).await.unwrap(), None);
-    assert!(
-        !store
-            .complete(&key("evt_1"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(!completes(&*store, &key("evt_1"), &token, &snapshot()).await);
     assert!(!store.release(&key("evt_1"), &token).await.unwrap());
     fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
 }
@@ -358,12 +303,7 @@ async fn get_and_forget<H: Harness>() {
         "{record:?}"
     );
 
-    assert!(
-        store
-            .complete(&key("evt_1"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&*store, &key("evt_1"), &token, &snapshot()).await);
     let record = store.get(&key("evt_1")).await.unwrap();
     let expected = KeyRecord {
         fingerprint: "fp-a".into(),
@@ -377,12 +317,7 @@ async fn get_and_forget<H: Harness>() {
     assert!(!store.forget(&key("evt_1")).await.unwrap());
     let token = fresh(store.claim(&key("evt_1"), "fp-b", LONG).await.unwrap());
     assert!(store.forget(&key("evt_1")).await.unwrap());
-    assert!(
-        !store
-            .complete(&key("evt_1"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(!completes(&*store, &key("evt_1"), &token, &snapshot()).await);
 }
 
 async fn ping_answers<H: Harness>() {
@@ -398,12 +333,7 @@ async fn providers_do_not_collide<H: Harness>() {
     let token = fresh(store.claim(&stripe, "fp", LONG).await.unwrap());
     fresh(store.claim(&github, "fp", LONG).await.unwrap());
 
-    assert!(
-        store
-            .complete(&stripe, &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&*store, &stripe, &token, &snapshot()).await);
     assert_in_flight(&*store, &github).await;
     assert!(store.forget(&github).await.unwrap());
     let record = store.get(&stripe).await.unwrap().expect("stripe's record");

@@ -16,6 +16,7 @@ use tokio::sync::Barrier;
 
 use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_server::RedisServer;
+use crate::support::store_server::StoreServer;
 
 /// A lease no test outlives.
 pub const LONG: Duration = Duration::from_secs(30);
@@ -91,29 +92,54 @@ impl Harness for SqliteHarness {
     }
 }
 
-pub struct RedisHarness {
-    server: RedisServer,
-    store: Arc<RedisStore>,
+/// A store served by a server the test starts (redis-server, PostgreSQL).
+pub trait ServedStore: Backend + Sized + 'static {
+    type Server: StoreServer + Sync;
+
+    fn open(url: &str) -> impl Future<Output = Self> + Send;
 }
 
-impl Harness for RedisHarness {
-    type Store = RedisStore;
+/// A fresh server and a store on it; a replica is a second store opened on
+/// the same server.
+pub struct ServerHarness<S: ServedStore> {
+    server: S::Server,
+    store: Arc<S>,
+}
+
+pub type RedisHarness = ServerHarness<RedisStore>;
+pub type PostgresHarness = ServerHarness<PostgresStore>;
+
+impl<S: ServedStore> Harness for ServerHarness<S> {
+    type Store = S;
 
     async fn start() -> Self {
-        let server = RedisServer::start();
-        let store = open_redis(&server.url()).await;
-        Self {
-            server,
-            store: Arc::new(store),
-        }
+        let server = S::Server::start();
+        let store = Arc::new(S::open(&server.url()).await);
+        Self { server, store }
     }
 
-    fn store(&self) -> Arc<RedisStore> {
+    fn store(&self) -> Arc<S> {
         Arc::clone(&self.store)
     }
 
-    async fn replica(&self) -> Arc<RedisStore> {
-        Arc::new(open_redis(&self.server.url()).await)
+    async fn replica(&self) -> Arc<S> {
+        Arc::new(S::open(&self.server.url()).await)
+    }
+}
+
+impl ServedStore for RedisStore {
+    type Server = RedisServer;
+
+    async fn open(url: &str) -> Self {
+        open_redis(url).await
+    }
+}
+
+impl ServedStore for PostgresStore {
+    type Server = PostgresServer;
+
+    async fn open(url: &str) -> Self {
+        open_postgres(url).await
     }
 }
 
@@ -121,32 +147,6 @@ pub async fn open_redis(url: &str) -> RedisStore {
     RedisStore::open(url, REDIS_PREFIX, REDIS_OP_TIMEOUT)
         .await
         .expect("open redis store")
-}
-
-pub struct PostgresHarness {
-    server: PostgresServer,
-    store: Arc<PostgresStore>,
-}
-
-impl Harness for PostgresHarness {
-    type Store = PostgresStore;
-
-    async fn start() -> Self {
-        let server = PostgresServer::start();
-        let store = open_postgres(&server.url()).await;
-        Self {
-            server,
-            store: Arc::new(store),
-        }
-    }
-
-    fn store(&self) -> Arc<PostgresStore> {
-        Arc::clone(&self.store)
-    }
-
-    async fn replica(&self) -> Arc<PostgresStore> {
-        Arc::new(open_postgres(&self.server.url()).await)
-    }
 }
 
 pub async fn open_postgres(url: &str) -> PostgresStore {
@@ -177,12 +177,26 @@ pub fn fresh(claim: Claim) -> LeaseToken {
     }
 }
 
+/// Whether `store` took the completion of `key` by `token` with this
+/// snapshot, kept for [`RETAIN`]; a store error fails the test.
+pub async fn completes(
+    store: &impl Backend,
+    key: &ScopedKey,
+    token: &LeaseToken,
+    snapshot: &Snapshot,
+) -> bool {
+    let done = store.complete(key, token, snapshot, RETAIN).await;
+    done.unwrap_or_else(|e| panic!("completing {key}: {e}"))
+}
+
 /// Claims `key` fresh and completes it with `snapshot()`; returns the
 /// token that did.
 pub async fn claim_and_complete(store: &impl Backend, key: &ScopedKey) -> LeaseToken {
     let token = fresh(store.claim(key, "fp", LONG).await.unwrap());
-    let done = store.complete(key, &token, &snapshot(), RETAIN).await;
-    assert!(done.unwrap(), "{key} was not completed");
+    assert!(
+        completes(store, key, &token, &snapshot()).await,
+        "{key} was not completed"
+    );
     token
 }
 

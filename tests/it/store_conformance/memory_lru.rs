@@ -7,19 +7,14 @@ use hookgate::store::{
 };
 use std::time::Duration;
 
-use super::harness::{LONG, RETAIN, assert_in_flight, fresh, key, snapshot};
+use super::harness::{LONG, assert_in_flight, completes, fresh, key, snapshot};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn evicts_least_recently_used_completed_keys_beyond_capacity() {
     let store = MemoryStore::new(2);
     for id in ["a", "b"] {
         let token = fresh(store.claim(&key(id), "fp", LONG).await.unwrap());
-        assert!(
-            store
-                .complete(&key(id), &token, &snapshot(), RETAIN)
-                .await
-                .unwrap()
-        );
+        assert!(completes(&store, &key(id), &token, &snapshot()).await);
     }
     // Touch "a" so that "b" is the least recently used.
     assert!(store.get(&key("a")).await.unwrap().is_some());
@@ -57,12 +52,7 @@ async fn never_evicts_an_in_flight_claim() {
     }
 
     // Completing a claim makes its key evictable: room for one more.
-    assert!(
-        store
-            .complete(&key("a"), &a, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key("a"), &a, &snapshot()).await);
     fresh(store.claim(&key("c"), "fp", LONG).await.unwrap());
     assert_eq!(store.get(&key("a")).await.unwrap(), None, "a was evicted");
     assert_in_flight(&store, &key("b")).await;
@@ -99,12 +89,7 @@ async fn opens_through_store_settings() {
     let store = Store::open(&settings).await.expect("open");
     assert_eq!(store.backend_name(), "memory");
     let token = fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
-    assert!(
-        store
-            .complete(&key("evt_1"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key("evt_1"), &token, &snapshot()).await);
     let claim = store.claim(&key("evt_1"), "fp", LONG).await.unwrap();
     assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
 }

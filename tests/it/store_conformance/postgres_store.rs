@@ -11,7 +11,8 @@ use tokio::sync::Barrier;
 
 use super::faults::OP_TIMEOUT;
 use super::harness::{
-    LONG, POSTGRES_OP_TIMEOUT, RETAIN, claim_and_complete, fresh, key, open_postgres, snapshot,
+    LONG, POSTGRES_OP_TIMEOUT, RETAIN, claim_and_complete, completes, fresh, key, open_postgres,
+    snapshot,
 };
 use crate::support::postgres_server::PostgresServer;
 
@@ -174,12 +175,7 @@ async fn keys_survive_a_reopen() {
         "{claim:?}"
     );
     // The holder's token still owns its claim after the reopen.
-    assert!(
-        store
-            .complete(&key("evt_held"), &held, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key("evt_held"), &held, &snapshot()).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -244,12 +240,7 @@ async fn claims_racing_a_completion_never_win() {
             })
             .collect();
         start.wait().await;
-        assert!(
-            stores[1]
-                .complete(&key, &token, &snapshot(), RETAIN)
-                .await
-                .unwrap()
-        );
+        assert!(completes(&*stores[1], &key, &token, &snapshot()).await);
         for claim in claims {
             match claim.await.unwrap().unwrap() {
                 Claim::Existing(Existing::InFlight { .. } | Existing::Completed(_)) => {}

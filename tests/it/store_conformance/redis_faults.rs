@@ -5,7 +5,7 @@
 use hookgate::store::{Backend, Claim, Existing, RedisStore, ScopedKey, Store};
 
 use super::faults::{FaultServer, OP_TIMEOUT, until_ping_answers};
-use super::harness::{LONG, REDIS_PREFIX, RETAIN, fresh, key, open_redis, snapshot};
+use super::harness::{LONG, REDIS_PREFIX, completes, fresh, key, open_redis, snapshot};
 use crate::support::redis_server::RedisServer;
 
 async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
@@ -43,12 +43,7 @@ async fn keys_are_prefixed_hashes_with_ttls() {
     );
 
     let key = ScopedKey::new("github", "d-1");
-    assert!(
-        store
-            .complete(&key, &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key, &token, &snapshot()).await);
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&name)
         .query_async(&mut raw)
@@ -69,12 +64,7 @@ async fn scripts_reload_after_script_flush() {
         .await
         .unwrap();
 
-    assert!(
-        store
-            .complete(&key("evt_1"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key("evt_1"), &token, &snapshot()).await);
     let claim = store.claim(&key("evt_1"), "fp", LONG).await.unwrap();
     assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
 }

@@ -7,7 +7,7 @@ use hookgate::store::{
     Backend, BackendSettings, Claim, Existing, SqliteStore, Store, StoreError, StoreSettings,
 };
 
-use super::harness::{LONG, RETAIN, fresh, key, snapshot};
+use super::harness::{LONG, completes, fresh, key, snapshot};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn remembers_keys_after_reopen() {
@@ -15,12 +15,7 @@ async fn remembers_keys_after_reopen() {
     let path = dir.path().join("hookgate.db");
     let store = SqliteStore::open(&path).await.unwrap();
     let token = fresh(store.claim(&key("done"), "fp-a", LONG).await.unwrap());
-    assert!(
-        store
-            .complete(&key("done"), &token, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key("done"), &token, &snapshot()).await);
     let held = fresh(store.claim(&key("held"), "fp-b", LONG).await.unwrap());
     drop(store);
 
@@ -33,12 +28,7 @@ async fn remembers_keys_after_reopen() {
         "{claim:?}"
     );
     // The holder from before the restart still owns its claim.
-    assert!(
-        store
-            .complete(&key("held"), &held, &snapshot(), RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key("held"), &held, &snapshot()).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -180,12 +170,7 @@ async fn a_file_from_before_the_truncated_column_is_upgraded() {
         ..snapshot()
     };
     let token = fresh(store.claim(&key("new"), "fp", LONG).await.unwrap());
-    assert!(
-        store
-            .complete(&key("new"), &token, &cut, RETAIN)
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key("new"), &token, &cut).await);
     drop(store);
     let store = SqliteStore::open(&path).await.unwrap();
     let claim = store.claim(&key("new"), "fp", LONG).await.unwrap();
