@@ -173,9 +173,12 @@ pub enum BackendSettings {
     Sqlite {
         path: PathBuf,
     },
+    /// `queue` names the providers in queue mode: their keys carry an
+    /// outbox shard's hash tag (see the redis backend).
     Redis {
         url: String,
         prefix: String,
+        queue: Vec<String>,
     },
     /// Postgres's `retention` is the longest any provider keeps a key: its
     /// partitions are dropped only past it.
@@ -244,9 +247,11 @@ impl Store {
         let backend = match &settings.backend {
             BackendSettings::Memory { capacity } => Dispatch::Memory(MemoryStore::new(*capacity)),
             BackendSettings::Sqlite { path } => Dispatch::Sqlite(SqliteStore::open(path).await?),
-            BackendSettings::Redis { url, prefix } => {
-                Dispatch::Redis(RedisStore::open(url, prefix, settings.op_timeout).await?)
-            }
+            BackendSettings::Redis { url, prefix, queue } => Dispatch::Redis(
+                RedisStore::open(url, prefix, settings.op_timeout)
+                    .await?
+                    .queue_mode(queue.iter().cloned()),
+            ),
             BackendSettings::Postgres { url, retention } => {
                 Dispatch::Postgres(PostgresStore::open(url, settings.op_timeout, *retention).await?)
             }

@@ -15,6 +15,7 @@ mod operate;
 mod otlp;
 mod panics;
 mod queue;
+mod queue_redis;
 mod routing;
 mod schemes;
 mod secrets;

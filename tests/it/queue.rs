@@ -12,6 +12,7 @@ use hookgate::store::{Backend, ScopedKey};
 use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::stripe_event;
 use crate::support::postgres_server::PostgresServer;
+use crate::support::redis_server::RedisServer;
 use crate::support::upstream::{Behavior, Upstream};
 
 /// Queue mode with quick retries, for tests.
@@ -52,6 +53,12 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 #[tokio::test]
 async fn accepted_once_delivered_by_the_relay_duplicates_enqueue_nothing() {
     accepted_then_relayed(StoreConfig::sqlite()).await;
+}
+
+#[tokio::test]
+async fn on_redis_accepted_once_and_delivered_by_the_relay() {
+    let server = RedisServer::start();
+    accepted_then_relayed(StoreConfig::on(&server)).await;
 }
 
 #[tokio::test]

@@ -17,7 +17,7 @@ use http::HeaderName;
 use super::file::RateFile;
 use super::{ConfigErrors, ConfigFile, Issues};
 use crate::ratelimit::Rate;
-use crate::settings::Settings;
+use crate::settings::{Mode, Settings};
 use crate::store::BackendSettings;
 
 pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, ConfigErrors> {
@@ -34,6 +34,13 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
             .iter()
             .map(|p| p.retention)
             .fold(dedupe.retention, Duration::max);
+    }
+    if let BackendSettings::Redis { queue, .. } = &mut store.backend {
+        *queue = providers
+            .iter()
+            .filter(|p| p.mode == Mode::Queue)
+            .map(|p| p.name.clone())
+            .collect();
     }
 
     if issues.0.is_empty() {

@@ -48,6 +48,8 @@ pub(super) fn store(
                 BackendSettings::Redis {
                     url: url.to_owned(),
                     prefix: st.prefix.clone(),
+                    // Filled from the providers (see `build`).
+                    queue: Vec::new(),
                 }
             }
             Some(_) => {

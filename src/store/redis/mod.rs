@@ -5,9 +5,16 @@
 //! itself. Every operation that reads then writes is one Lua script: redis
 //! runs a script atomically, which is what makes a claim exclusive across
 //! replicas. One key per script keeps the backend Redis Cluster compatible.
+//!
+//! A provider in queue mode keeps its keys in one of the outbox's shards
+//! instead, `{prefix}:{qNN}:{provider}:{key}` (braces literal: a hash tag),
+//! so that an accept writes the dedupe entry and the job in one script on
+//! one slot (see `outbox`).
 
 mod outbox;
 
+use std::collections::HashSet;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -84,6 +91,11 @@ pub struct RedisStore {
     prefix: String,
     /// The URL's password, scrubbed from every error message.
     secret: Option<String>,
+    /// Providers in queue mode: their keys live in an outbox shard.
+    queue: HashSet<String>,
+    /// Where the next `take_due` starts among the shards, so that none
+    /// waits behind the others.
+    cursor: AtomicUsize,
 }
 
 /// What building a connection manager takes, kept to build a replacement.
@@ -140,11 +152,27 @@ impl RedisStore {
             connector: Box::new(connector),
             prefix: prefix.to_owned(),
             secret,
+            queue: HashSet::new(),
+            cursor: AtomicUsize::new(0),
         })
     }
 
+    /// Puts these providers' keys in the outbox shards (queue mode). A
+    /// provider that changes mode starts a fresh dedupe history: its old
+    /// keys stay under the other layout until they expire.
+    pub fn queue_mode(mut self, providers: impl IntoIterator<Item = String>) -> Self {
+        self.queue = providers.into_iter().collect();
+        self
+    }
+
+    /// The dedupe key: in its outbox shard for a queue-mode provider.
     fn key(&self, key: &ScopedKey) -> String {
-        format!("{}:{}:{}", self.prefix, key.provider, key.key)
+        if self.queue.contains(&key.provider) {
+            let shard = outbox::Shard::of(key);
+            format!("{}{}:{}", shard.prefix(&self.prefix), key.provider, key.key)
+        } else {
+            format!("{}:{}:{}", self.prefix, key.provider, key.key)
+        }
     }
 
     /// A handle on the shared connection. The lock only guards the swap in

@@ -63,7 +63,8 @@ impl FaultServer for RedisServer {
 
     fn backend(url: String) -> BackendSettings {
         let prefix = REDIS_PREFIX.into();
-        BackendSettings::Redis { url, prefix }
+        let queue = Vec::new();
+        BackendSettings::Redis { url, prefix, queue }
     }
 
     /// The server has no password: AUTH is refused.

@@ -60,6 +60,7 @@ macro_rules! outbox_conformance {
 }
 
 outbox_conformance!(sqlite, SqliteOutbox);
+outbox_conformance!(redis, RedisOutbox);
 outbox_conformance!(postgres, PostgresOutbox);
 
 fn job(body: &'static [u8]) -> NewJob {

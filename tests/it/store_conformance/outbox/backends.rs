@@ -3,12 +3,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use hookgate::store::{PostgresStore, SqliteStore};
+use hookgate::store::{PostgresStore, RedisStore, SqliteStore};
 use tempfile::TempDir;
 
 use super::OutboxHarness;
-use crate::store_conformance::harness::open_postgres;
+use crate::store_conformance::harness::{REDIS_OP_TIMEOUT, REDIS_PREFIX, open_postgres};
 use crate::support::postgres_server::PostgresServer;
+use crate::support::redis_server::RedisServer;
 
 pub struct SqliteOutbox {
     _dir: TempDir,
@@ -107,5 +108,70 @@ impl OutboxHarness for PostgresOutbox {
     async fn repair_outbox(&self) {
         self.sql("DROP TRIGGER broken ON hookgate_outbox; DROP FUNCTION hookgate_test_broken();")
             .await;
+    }
+}
+
+/// Redis with `stripe`, the suite's provider, in queue mode: its keys and
+/// jobs live in the outbox shards.
+pub struct RedisOutbox {
+    server: RedisServer,
+    store: Arc<RedisStore>,
+}
+
+impl RedisOutbox {
+    async fn open(url: &str) -> RedisStore {
+        RedisStore::open(url, REDIS_PREFIX, REDIS_OP_TIMEOUT)
+            .await
+            .expect("open redis store")
+            .queue_mode(["stripe".to_owned()])
+    }
+
+    /// Every shard's due set: making them strings breaks every accept.
+    fn due_keys() -> Vec<String> {
+        (0..16)
+            .map(|n| format!("{REDIS_PREFIX}:{{q{n:02}}}:#due"))
+            .collect()
+    }
+
+    async fn command(&self, cmd: &redis::Cmd) {
+        let client = redis::Client::open(self.server.url()).expect("a redis URL");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test server");
+        let _: redis::Value = cmd.query_async(&mut conn).await.expect("a raw command");
+    }
+}
+
+impl OutboxHarness for RedisOutbox {
+    type Store = RedisStore;
+
+    async fn start() -> Self {
+        let server = RedisServer::start();
+        let store = Self::open(&server.url()).await;
+        Self {
+            server,
+            store: Arc::new(store),
+        }
+    }
+
+    fn store(&self) -> Arc<RedisStore> {
+        Arc::clone(&self.store)
+    }
+
+    async fn replica(&self) -> Arc<RedisStore> {
+        Arc::new(Self::open(&self.server.url()).await)
+    }
+
+    async fn break_outbox(&self) {
+        let mut set = redis::cmd("MSET");
+        for key in Self::due_keys() {
+            set.arg(key).arg("broken");
+        }
+        self.command(&set).await;
+    }
+
+    async fn repair_outbox(&self) {
+        self.command(redis::cmd("DEL").arg(Self::due_keys())).await;
     }
 }

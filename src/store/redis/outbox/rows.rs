@@ -1,0 +1,74 @@
+//! Decoding what the outbox scripts answer.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::super::Fields;
+use crate::store::outbox::{Job, JobState, JobSummary, NewJob};
+use crate::store::{LeaseToken, ScopedKey, StoreError};
+
+/// One job (or summary) a script answered, field by field.
+pub(super) type Row = Fields;
+
+pub(super) fn job(row: Row, token: &LeaseToken) -> Result<Job, StoreError> {
+    let mut fields = row.into_iter();
+    let mut next = || fields.next().flatten();
+    let id = number(next(), "job id")?;
+    let attempt = number(next(), "attempts")?;
+    let key = ScopedKey::new(text(next(), "provider")?, text(next(), "key")?);
+    let job = NewJob {
+        method: text(next(), "method")?,
+        target: text(next(), "target")?,
+        headers: next().unwrap_or_default().into(),
+        body: next().unwrap_or_default().into(),
+    };
+    Ok(Job {
+        id,
+        key,
+        job,
+        received_at: time(number(next(), "received time")?),
+        attempt,
+        token: token.clone(),
+    })
+}
+
+pub(super) fn summary(row: Row) -> Result<JobSummary, StoreError> {
+    let mut fields = row.into_iter();
+    let mut next = || fields.next().flatten();
+    let id = number(next(), "job id")?;
+    let key = ScopedKey::new(text(next(), "provider")?, text(next(), "key")?);
+    let state = text(next(), "state")?;
+    Ok(JobSummary {
+        id,
+        key,
+        state: JobState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt("redis: a job in no known state".into()))?,
+        attempts: number(next(), "attempts")?,
+        received_at: time(number(next(), "received time")?),
+        due_at: time(number(next(), "due time")?),
+        last_status: next().map(|s| number(Some(s), "status")).transpose()?,
+        last_error: next().map(|e| text(Some(e), "error")).transpose()?,
+    })
+}
+
+pub(super) fn text(field: Option<Vec<u8>>, name: &str) -> Result<String, StoreError> {
+    String::from_utf8(field.unwrap_or_default())
+        .map_err(|_| StoreError::Corrupt(format!("redis: a job's {name} is not UTF-8")))
+}
+
+pub(super) fn number<T: std::str::FromStr>(
+    field: Option<Vec<u8>>,
+    name: &str,
+) -> Result<T, StoreError> {
+    text(field, name)?
+        .parse()
+        .map_err(|_| StoreError::Corrupt(format!("redis: a job's {name} is not a number")))
+}
+
+pub(super) fn time(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+pub(super) fn ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
