@@ -17,6 +17,25 @@ async fn twice(gate: &Gate, id: &str) -> (Answer, Answer) {
     (gate.deliver(&body).await, gate.deliver(&body).await)
 }
 
+/// Sends one event twice through a gate in front of a raw app that answers
+/// `answer` then does `then`: both answers and how many calls the app saw.
+async fn twice_to_raw(answer: &'static [u8], then: Then, id: &str) -> (Answer, Answer, usize) {
+    let app = RawUpstream::start(answer, then).await;
+    let gate = GateFixture::stripe().upstream_url(&app.url()).start().await;
+    let (first, retry) = twice(&gate, id).await;
+    gate.shutdown().await;
+    (first, retry, app.count())
+}
+
+/// The app did the work: the first answer was forwarded with `status`, and
+/// the retry was answered as a duplicate with the same status.
+fn assert_processed(first: &Answer, retry: &Answer, status: u16) {
+    assert_eq!(first.status, status);
+    assert_eq!(first.result(), "forwarded");
+    assert_eq!(retry.status, status);
+    assert_eq!(retry.result(), "duplicate");
+}
+
 #[tokio::test]
 async fn an_answer_over_the_stored_size_is_kept_as_far_as_it_fits() {
     let gate = GateFixture::stripe()
@@ -29,11 +48,8 @@ async fn an_answer_over_the_stored_size_is_kept_as_far_as_it_fits() {
         bytes: 100,
     });
     let (first, retry) = twice(&gate, "evt_large").await;
-    assert_eq!(first.status, 201);
-    assert_eq!(first.result(), "forwarded");
+    assert_processed(&first, &retry, 201);
     assert_eq!(first.body.len(), 100, "the sender gets the whole answer");
-    assert_eq!(retry.status, 201);
-    assert_eq!(retry.result(), "duplicate");
     assert_eq!(
         retry.body.as_ref(),
         &b"x".repeat(16)[..],
@@ -53,65 +69,50 @@ async fn an_answer_over_the_read_limit_is_still_processed() {
         bytes: 9 * 1024 * 1024,
     });
     let (first, retry) = twice(&gate, "evt_huge").await;
-    assert_eq!(first.status, 200);
-    assert_eq!(first.result(), "forwarded");
+    assert_processed(&first, &retry, 200);
     assert_eq!(first.body.len(), 8 * 1024 * 1024, "cut at the read limit");
-    assert_eq!(retry.status, 200);
-    assert_eq!(retry.result(), "duplicate");
     assert_eq!(up.count(), 1, "the retry did not run the work again");
     gate.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_2xx_whose_body_breaks_off_is_processed() {
-    let app = RawUpstream::start(
+    let (first, retry, calls) = twice_to_raw(
         b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 1000\r\n\r\nonly ten b",
         Then::Close,
+        "evt_broken",
     )
     .await;
-    let gate = GateFixture::stripe().upstream_url(&app.url()).start().await;
-    let (first, retry) = twice(&gate, "evt_broken").await;
-    assert_eq!(first.status, 200);
-    assert_eq!(first.result(), "forwarded");
+    assert_processed(&first, &retry, 200);
     assert_eq!(first.body.as_ref(), b"only ten b");
-    assert_eq!(retry.status, 200);
-    assert_eq!(retry.result(), "duplicate");
     assert_eq!(retry.body.as_ref(), b"only ten b");
-    assert_eq!(app.count(), 1);
-    gate.shutdown().await;
+    assert_eq!(calls, 1);
 }
 
 #[tokio::test]
 async fn a_2xx_whose_body_stalls_past_the_timeout_is_processed() {
-    let app = RawUpstream::start(
+    // The test gate's upstream timeout is 2 s.
+    let (first, retry, calls) = twice_to_raw(
         b"HTTP/1.1 202 Accepted\r\ncontent-length: 50\r\n\r\npartial",
         Then::Stall(Duration::from_secs(5)),
+        "evt_stalled",
     )
     .await;
-    // The test gate's upstream timeout is 2 s.
-    let gate = GateFixture::stripe().upstream_url(&app.url()).start().await;
-    let (first, retry) = twice(&gate, "evt_stalled").await;
-    assert_eq!(first.status, 202);
-    assert_eq!(first.result(), "forwarded");
+    assert_processed(&first, &retry, 202);
     assert_eq!(first.body.as_ref(), b"partial");
-    assert_eq!(retry.status, 202);
-    assert_eq!(retry.result(), "duplicate");
-    assert_eq!(app.count(), 1);
-    gate.shutdown().await;
+    assert_eq!(calls, 1);
 }
 
 #[tokio::test]
 async fn a_failure_whose_body_breaks_off_is_released() {
-    let app = RawUpstream::start(
+    let (first, retry, calls) = twice_to_raw(
         b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 100\r\n\r\noops",
         Then::Close,
+        "evt_failed",
     )
     .await;
-    let gate = GateFixture::stripe().upstream_url(&app.url()).start().await;
-    let (first, retry) = twice(&gate, "evt_failed").await;
     assert_eq!(first.status, 500);
     assert_eq!(first.result(), "upstream_error");
     assert_eq!(retry.status, 500, "released: the retry reached the app");
-    assert_eq!(app.count(), 2);
-    gate.shutdown().await;
+    assert_eq!(calls, 2);
 }
