@@ -65,6 +65,8 @@ pub struct ServerSettings {
     pub tls: Option<TlsFiles>,
     /// Required by the admin endpoints that change state (`/queue/replay`).
     pub admin_token: Option<SecretSpec>,
+    /// `hookgate run` may serve with no provider (a plain pass-through).
+    pub allow_no_providers: bool,
 }
 
 #[derive(Clone, Debug)]

@@ -4,24 +4,62 @@
 //! can report every bad value at once, naming its key, instead of stopping
 //! at serde's first error.
 
+use std::fmt;
+
 use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+
+/// A size in bytes as written: an integer (`1048576`) or a string with a
+/// unit (`"1MiB"`, `"512KiB"`, `"1MB"`), parsed by `build`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SizeFile {
+    Bytes(u64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for SizeFile {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+        impl Visitor<'_> for SizeVisitor {
+            type Value = SizeFile;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size: bytes, or a string like \"512KiB\" or \"1MiB\"")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<SizeFile, E> {
+                Ok(SizeFile::Bytes(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<SizeFile, E> {
+                u64::try_from(v)
+                    .map(SizeFile::Bytes)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<SizeFile, E> {
+                Ok(SizeFile::Text(v.to_owned()))
+            }
+        }
+        deserializer.deserialize_any(SizeVisitor)
+    }
+}
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerFile {
     pub listen: String,
     pub admin_listen: String,
-    pub max_body_bytes: u64,
+    pub max_body_bytes: SizeFile,
     pub read_timeout: String,
     pub shutdown_grace: String,
     pub client_ip_header: Option<String>,
     pub per_source_rate_limit: Option<RateFile>,
     pub max_connections: usize,
-    pub max_header_bytes: usize,
+    pub max_header_bytes: SizeFile,
     pub tls: Option<TlsFile>,
     /// The secret (a source, like provider secrets) that the admin
     /// listener's state-changing endpoints require as a bearer token.
     pub admin_token: Option<SecretFile>,
+    /// Serve with no provider at all, as a plain pass-through proxy. Off by
+    /// default: a gate that verifies nothing should be a decision.
+    pub allow_no_providers: bool,
 }
 
 /// `tls = { cert = "/etc/hookgate/tls.crt", key = "/etc/hookgate/tls.key" }`
@@ -45,15 +83,16 @@ impl Default for ServerFile {
         Self {
             listen: "0.0.0.0:8080".into(),
             admin_listen: "0.0.0.0:9090".into(),
-            max_body_bytes: 1024 * 1024,
+            max_body_bytes: SizeFile::Bytes(1024 * 1024),
             read_timeout: "10s".into(),
             shutdown_grace: "20s".into(),
             client_ip_header: None,
             per_source_rate_limit: None,
             max_connections: 4096,
-            max_header_bytes: 64 * 1024,
+            max_header_bytes: SizeFile::Bytes(64 * 1024),
             tls: None,
             admin_token: None,
+            allow_no_providers: false,
         }
     }
 }
@@ -161,7 +200,7 @@ pub struct StoreFile {
     pub retention: String,
     pub lease: String,
     pub timeout: String,
-    pub max_response_bytes: usize,
+    pub max_response_bytes: SizeFile,
     pub memory_capacity: usize,
 }
 
@@ -175,7 +214,7 @@ impl Default for StoreFile {
             retention: "4d".into(),
             lease: "30s".into(),
             timeout: "2s".into(),
-            max_response_bytes: 64 * 1024,
+            max_response_bytes: SizeFile::Bytes(64 * 1024),
             memory_capacity: 100_000,
         }
     }
@@ -239,11 +278,14 @@ pub enum FingerprintMode {
     None,
 }
 
+/// Every key is optional here, `scheme` and `path` included: a missing or
+/// misspelt one is reported by `build`, beside the provider's other errors,
+/// instead of failing the whole table at the first one.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderFile {
-    pub scheme: SchemeKind,
-    pub path: String,
+    pub scheme: Option<SchemeKind>,
+    pub path: Option<String>,
     pub mode: Option<Mode>,
     #[serde(default)]
     pub secrets: Vec<SecretFile>,

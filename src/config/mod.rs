@@ -5,6 +5,7 @@
 
 mod build;
 pub mod file;
+pub mod text;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -111,7 +112,11 @@ fn read(figment: &Figment, issues: &mut Issues) -> Option<ConfigFile> {
         }
     };
     for key in top.keys().filter(|k| !SECTIONS.contains(&k.as_str())) {
-        issues.push(key.clone(), "unknown section");
+        let message = match text::nearest(key, &SECTIONS) {
+            Some(near) => format!("unknown section; did you mean `{near}`?"),
+            None => format!("unknown section (sections: {})", SECTIONS.join(", ")),
+        };
+        issues.push(key.clone(), message);
     }
     let mut file = ConfigFile {
         server: section(figment, &top, "server", issues),
@@ -149,44 +154,91 @@ fn section<T: DeserializeOwned + Default>(
     extract(figment, name, issues).unwrap_or_default()
 }
 
-/// Deserializes the value at `path`, reporting a failure at the exact key
-/// inside it (serde alone only names the section).
+/// Deserializes the table at `path`, reporting each failure at the exact
+/// key inside it (serde alone only names the section). serde stops at the
+/// first error, so the failing key is reported, taken out, and the rest
+/// read again: every bad key of a table is reported at once.
 fn extract<T: DeserializeOwned>(figment: &Figment, path: &str, issues: &mut Issues) -> Option<T> {
-    let value = match figment.find_value(path) {
+    let mut value = match figment.find_value(path) {
         Ok(value) => value,
         Err(e) => {
             push_figment(issues, path, e);
             return None;
         }
     };
-    serde_path_to_error::deserialize(&value)
-        .map_err(|e| {
-            let inner = e.path().to_string();
-            let at = match inner.as_str() {
-                "." | "" => path.to_owned(),
-                inner => format!("{path}.{inner}"),
-            };
-            push_figment(issues, &at, e.into_inner());
-        })
-        .ok()
+    loop {
+        let error = match serde_path_to_error::deserialize(&value) {
+            Ok(t) => return Some(t),
+            Err(e) => e,
+        };
+        let inner = error.path().to_string();
+        let at = match inner.as_str() {
+            "." | "" => path.to_owned(),
+            inner => format!("{path}.{inner}"),
+        };
+        push_figment(issues, &at, error.into_inner());
+        // The key of this table that holds the error (`rate_limit` for
+        // `rate_limit.per_second`, `secrets` for `secrets[1]`).
+        let first = inner.split(['.', '[']).next().unwrap_or_default();
+        let removed = match &mut value {
+            Value::Dict(_, dict) if !first.is_empty() => dict.remove(first).is_some(),
+            _ => false,
+        };
+        if !removed {
+            return None;
+        }
+    }
 }
+
+/// Keys whose values are durations, for the hint on a bare number.
+const DURATION_KEYS: [&str; 12] = [
+    "read_timeout",
+    "shutdown_grace",
+    "timeout",
+    "retention",
+    "lease",
+    "tolerance",
+    "future_tolerance",
+    "otlp_interval",
+    "otlp_timeout",
+    "max_age",
+    "retry_initial",
+    "retry_max",
+];
 
 /// Turns figment's errors into issues. Figment's messages name the key and
 /// what was expected; values are not echoed, so a pasted secret stays out.
 fn push_figment(issues: &mut Issues, prefix: &str, error: figment::Error) {
+    // serde_path_to_error's path already ends with a field it complains
+    // about; figment's kinds name it again.
+    let at = |field: &str| match prefix {
+        "" => field.to_owned(),
+        p if p == field || p.ends_with(&format!(".{field}")) => p.to_owned(),
+        p => format!("{p}.{field}"),
+    };
+    let leaf = prefix.rsplit('.').next().unwrap_or_default();
     for e in error {
-        let at = |leaf: &str| match prefix {
-            "" => leaf.to_owned(),
-            _ => format!("{prefix}.{leaf}"),
-        };
         let message = match &e.kind {
-            Kind::UnknownField(field, _) => {
-                issues.push(at(field), "unknown key");
+            Kind::UnknownField(field, known) => {
+                let message = match text::nearest(field, known) {
+                    Some(near) => format!("unknown key; did you mean `{near}`?"),
+                    None if known.is_empty() => "unknown key".to_owned(),
+                    None => format!("unknown key (known here: {})", known.join(", ")),
+                };
+                issues.push(at(field), message);
                 continue;
             }
             Kind::MissingField(field) => {
                 issues.push(at(field), "required");
                 continue;
+            }
+            // A bare number where a duration string belongs: the number
+            // is not a secret, and the fix is to add the unit.
+            Kind::InvalidType(Actual::Unsigned(n), _) if DURATION_KEYS.contains(&leaf) => {
+                duration_hint(n)
+            }
+            Kind::InvalidType(Actual::Signed(n), _) if DURATION_KEYS.contains(&leaf) => {
+                duration_hint(n)
             }
             // The value may be a pasted secret (`secrets = "whsec_..."`):
             // say what type it was, never what it said.
@@ -195,6 +247,19 @@ fn push_figment(issues: &mut Issues, prefix: &str, error: figment::Error) {
             }
             Kind::InvalidValue(found, expected) => {
                 format!("invalid {}, expected {expected}", type_of(found))
+            }
+            Kind::UnknownVariant(found, known) => {
+                let one_of = known
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                match text::nearest(found, known) {
+                    Some(near) => {
+                        format!("unknown value; did you mean `{near}`? (one of {one_of})")
+                    }
+                    None => format!("unknown value; expected one of {one_of}"),
+                }
             }
             // A TOML syntax error quotes the offending source line, which
             // may hold a secret: keep the position and the explanation.
@@ -214,6 +279,10 @@ fn push_figment(issues: &mut Issues, prefix: &str, error: figment::Error) {
     }
 }
 
+fn duration_hint(n: impl fmt::Display) -> String {
+    format!("a duration is a string with a unit: write \"{n}s\"")
+}
+
 /// What kind of value figment found, without the value.
 fn type_of(found: &Actual) -> &'static str {
     match found {
@@ -228,11 +297,59 @@ fn type_of(found: &Actual) -> &'static str {
     }
 }
 
+/// Names the environment variable that set an issue's key, when one did:
+/// `HOOKGATE_STORE__BACKEN` is easy to miss when reading the file.
+fn origin(figment: &Figment, issue: &mut ConfigIssue) {
+    let key = issue.key.split('[').next().unwrap_or_default();
+    if key.is_empty() || key.starts_with('(') || key.starts_with('-') {
+        return;
+    }
+    let from_env = figment
+        .find_metadata(key)
+        .is_some_and(|m| m.source.is_none() && m.name.contains("environment variable"));
+    if from_env {
+        let var = format!("HOOKGATE_{}", key.replace('.', "__").to_ascii_uppercase());
+        issue.message = format!("{} (set by {var})", issue.message);
+    }
+}
+
 /// Reads and validates: the one entry point for `run`, `check` and tests.
 pub fn load(figment: &Figment) -> Result<Settings, ConfigErrors> {
-    let mut issues = Issues::default();
-    let file = read(figment, &mut issues).ok_or_else(|| ConfigErrors(issues.0.clone()))?;
-    build::build(&file, issues)
+    let mut read_issues = Issues::default();
+    let file = read(figment, &mut read_issues);
+    let built = match &file {
+        Some(file) => build::build(file, Issues::default()),
+        None => Err(ConfigErrors(Vec::new())),
+    };
+    let mut all = read_issues.0;
+    match built {
+        Ok(settings) if all.is_empty() => return Ok(settings),
+        Ok(_) => {}
+        // A key that did not read was taken out: what `build` then says
+        // about it (`required`, `at least one`) would only repeat it.
+        Err(ConfigErrors(more)) => {
+            let reported: Vec<String> = all.iter().map(|i| i.key.clone()).collect();
+            all.extend(
+                more.into_iter()
+                    .filter(|i| !reported.iter().any(|r| overlaps(r, &i.key))),
+            );
+        }
+    }
+    for issue in &mut all {
+        origin(figment, issue);
+    }
+    Err(ConfigErrors(all))
+}
+
+/// Whether one key is the other or lies inside it.
+fn overlaps(a: &str, b: &str) -> bool {
+    let inside = |outer: &str, inner: &str| {
+        inner == outer
+            || inner
+                .strip_prefix(outer)
+                .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+    };
+    inside(a, b) || inside(b, a)
 }
 
 #[cfg(test)]

@@ -252,3 +252,123 @@ fn a_pasted_secret_is_never_echoed_in_an_error() {
     assert!(joined.contains("line 2"), "says where: {joined}");
     assert!(!joined.contains("whsec_on_a_bad_line"), "{joined}");
 }
+
+/// Issue 18, item 5: what a newcomer's typos get back.
+#[test]
+fn an_unknown_key_is_named_once_with_the_nearest_known_one() {
+    let errs = errors(&format!("[server]\nread_timout = \"5s\"\n{STRIPE}"));
+    assert_eq!(
+        errs,
+        ["server.read_timout: unknown key; did you mean `read_timeout`?"]
+    );
+    let errs = errors(&format!("{STRIPE}colour = \"blue\"\n"));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].starts_with("providers.stripe.colour: unknown key (known here: scheme, path"),
+        "no near key: the known ones are listed: {errs:?}"
+    );
+    let errs = errors(&format!("[sever]\nlisten = \"0.0.0.0:1\"\n{STRIPE}"));
+    assert_eq!(errs, ["sever: unknown section; did you mean `server`?"]);
+}
+
+#[test]
+fn a_wrong_scheme_does_not_hide_the_providers_other_errors() {
+    let errs = errors(
+        "[providers.pay]\nscheme = \"strpe\"\npath = \"no-slash\"\nsecrets = [\"whsec_pasted\"]\ntolerance = 300\nmystery = 1\n",
+    );
+    let joined = errors_text(&errs);
+    assert!(
+        joined.contains(
+            "providers.pay.scheme: unknown value; did you mean `stripe`? (one of `stripe`, `github`"
+        ),
+        "{joined}"
+    );
+    assert!(!joined.contains("``"), "no nested backticks: {joined}");
+    assert!(
+        !joined.contains("strpe"),
+        "the value is not echoed: {joined}"
+    );
+    assert!(
+        joined.contains("providers.pay.path: must be a URL path"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("providers.pay.secrets[0]: literal secrets"),
+        "{joined}"
+    );
+    assert!(!joined.contains("whsec_pasted"), "{joined}");
+    assert!(
+        joined.contains("providers.pay.mystery: unknown key"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains(
+            "providers.pay.tolerance: a duration is a string with a unit: write \"300s\""
+        ),
+        "{joined}"
+    );
+    assert_eq!(
+        errs.iter()
+            .filter(|e| e.starts_with("providers.pay.scheme"))
+            .count(),
+        1,
+        "the scheme is reported once, not again as required: {joined}"
+    );
+
+    let errs = errors("[providers.bare]\nsecrets = [\"env:X\"]\n");
+    let joined = errors_text(&errs);
+    assert!(
+        joined.contains("providers.bare.scheme: required"),
+        "{joined}"
+    );
+    assert!(joined.contains("providers.bare.path: required"), "{joined}");
+}
+
+#[test]
+fn every_bad_key_of_a_section_is_reported_not_only_the_first() {
+    let errs = errors(&format!(
+        "[server]\nlisten = 8080\nmax_connections = \"many\"\nread_timeout = 10\nshutdown_grace = \"soon\"\n{STRIPE}"
+    ));
+    let joined = errors_text(&errs);
+    for key in [
+        "server.listen",
+        "server.max_connections",
+        "server.read_timeout: a duration is a string with a unit: write \"10s\"",
+        "server.shutdown_grace",
+    ] {
+        assert!(joined.contains(key), "{key} missing from:\n{joined}");
+    }
+}
+
+#[test]
+fn sizes_take_units_and_plain_integers() {
+    let s = load(&figment_from_str(&format!(
+        "[server]\nmax_body_bytes = \"512KiB\"\nmax_header_bytes = \"1MiB\"\n[store]\nmax_response_bytes = 1000\n{STRIPE}"
+    )))
+    .unwrap();
+    assert_eq!(s.server.max_body_bytes, 512 * 1024);
+    assert_eq!(s.server.max_header_bytes, 1024 * 1024);
+    assert_eq!(s.dedupe.max_response_bytes, 1000);
+    let s = load(&figment_from_str(&format!(
+        "[server]\nmax_body_bytes = \"1MB\"\n{STRIPE}"
+    )))
+    .unwrap();
+    assert_eq!(s.server.max_body_bytes, 1_000_000);
+
+    let errs = errors(&format!(
+        "[server]\nmax_body_bytes = \"whsec_as_a_size\"\n{STRIPE}"
+    ));
+    let joined = errors_text(&errs);
+    assert!(
+        joined.contains(
+            "server.max_body_bytes: is not a size: write bytes (1048576) or a number with a unit"
+        ),
+        "{joined}"
+    );
+    assert!(!joined.contains("whsec_as_a_size"), "{joined}");
+    let errs = errors(&format!("[server]\nmax_body_bytes = -1\n{STRIPE}"));
+    assert!(
+        errors_text(&errs).contains("server.max_body_bytes"),
+        "{errs:?}"
+    );
+}

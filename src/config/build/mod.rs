@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
-use super::file::RateFile;
+use super::file::{RateFile, SizeFile};
 use super::{ConfigErrors, ConfigFile, Issues};
 use crate::ratelimit::Rate;
 use crate::settings::{Mode, Settings};
@@ -73,6 +73,21 @@ fn duration(i: &mut Issues, at: &str, text: &str) -> Duration {
             );
             Duration::from_secs(1)
         }
+    }
+}
+
+/// A size in bytes, from an integer or a string with a unit. The text is
+/// not repeated in the error (a pasted secret must not come back).
+fn size(i: &mut Issues, at: &str, written: &SizeFile) -> u64 {
+    match written {
+        SizeFile::Bytes(n) => *n,
+        SizeFile::Text(text) => super::text::parse_size(text).unwrap_or_else(|| {
+            i.push(
+                at,
+                "is not a size: write bytes (1048576) or a number with a unit (\"512KiB\", \"1MiB\", \"1MB\")",
+            );
+            1
+        }),
     }
 }
 

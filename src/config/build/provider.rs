@@ -36,9 +36,13 @@ pub(super) fn providers(
         }
         // Routing compares canonical paths (crate::route), so two spellings
         // of one path are one path.
-        match crate::route::canonical(&p.path) {
-            Err(e) => i.push(at("path"), format!("must be a URL path: {e}")),
-            Ok(canonical) => {
+        match p.path.as_deref().map(crate::route::canonical) {
+            None => i.push(
+                at("path"),
+                "required: the path the sender posts to, like \"/webhooks/stripe\"",
+            ),
+            Some(Err(e)) => i.push(at("path"), format!("must be a URL path: {e}")),
+            Some(Ok(canonical)) => {
                 if let Some(other) = paths.insert(canonical.to_ascii_lowercase(), name) {
                     i.push(
                         at("path"),
@@ -48,7 +52,11 @@ pub(super) fn providers(
             }
         }
 
-        let scheme = scheme(i, name, p);
+        // Without a scheme the checks below still run (every error at once);
+        // those that depend on the scheme are skipped, and the placeholder
+        // never leaves `build`, which fails.
+        let known = scheme(i, name, p);
+        let scheme = known.clone().unwrap_or(Scheme::Stripe);
         if p.secrets.is_empty() {
             i.push(at("secrets"), "at least one secret source is required");
         }
@@ -70,11 +78,11 @@ pub(super) fn providers(
             .as_deref()
             .map_or(tolerance, |t| replay_window(i, &at("future_tolerance"), t));
 
-        let key = key_source(i, &at("key"), p, &scheme);
+        let key = key_source(i, &at("key"), p, known.as_ref());
         let on_missing_key = p
             .on_missing_key
             .unwrap_or(scheme.descriptor().on_missing_key);
-        if key.is_none() && on_missing_key == OnMissingKey::Reject {
+        if key.is_none() && known.is_some() && on_missing_key == OnMissingKey::Reject {
             i.push(
                 at("key"),
                 "required: this scheme has no default key (set `key`, or on_missing_key = \"forward\")",
@@ -119,7 +127,7 @@ pub(super) fn providers(
         out.push(ProviderSettings {
             name: name.clone(),
             scheme,
-            path: p.path.clone(),
+            path: p.path.clone().unwrap_or_default(),
             mode: p.mode.unwrap_or_default(),
             secrets,
             tolerance,
@@ -143,8 +151,17 @@ pub(super) fn providers(
     out
 }
 
-fn scheme(i: &mut Issues, name: &str, p: &ProviderFile) -> Scheme {
+/// The provider's scheme; `None` when it is missing (reported here) or was
+/// misspelt (reported when the file was read).
+fn scheme(i: &mut Issues, name: &str, p: &ProviderFile) -> Option<Scheme> {
     let at = |k: &str| format!("providers.{name}.{k}");
+    let Some(kind) = p.scheme else {
+        i.push(
+            at("scheme"),
+            "required: one of `stripe`, `github`, `slack`, `twilio`, `sendgrid`, `shopify`, `standard`, `hmac`",
+        );
+        return None;
+    };
     let hmac_keys = [
         ("signature_header", p.signature_header.is_some()),
         ("signature_prefix", p.signature_prefix.is_some()),
@@ -153,15 +170,15 @@ fn scheme(i: &mut Issues, name: &str, p: &ProviderFile) -> Scheme {
         ("timestamp_header", p.timestamp_header.is_some()),
         ("signed_payload", p.signed_payload.is_some()),
     ];
-    if p.scheme != SchemeKind::Hmac {
+    if kind != SchemeKind::Hmac {
         for (k, _) in hmac_keys.iter().filter(|(_, set)| *set) {
             i.push(at(k), "only the hmac scheme takes this key");
         }
     }
-    if p.scheme != SchemeKind::Twilio && p.public_url.is_some() {
+    if kind != SchemeKind::Twilio && p.public_url.is_some() {
         i.push(at("public_url"), "only the twilio scheme takes this key");
     }
-    match p.scheme {
+    Some(match kind {
         SchemeKind::Stripe => Scheme::Stripe,
         SchemeKind::Github => Scheme::Github,
         SchemeKind::Slack => Scheme::Slack,
@@ -217,15 +234,20 @@ fn scheme(i: &mut Issues, name: &str, p: &ProviderFile) -> Scheme {
                 template,
             })
         }
-    }
+    })
 }
 
-fn key_source(i: &mut Issues, at: &str, p: &ProviderFile, scheme: &Scheme) -> Option<KeySource> {
+fn key_source(
+    i: &mut Issues,
+    at: &str,
+    p: &ProviderFile,
+    scheme: Option<&Scheme>,
+) -> Option<KeySource> {
     let specs = match &p.key {
         Some(KeyFile::One(one)) => vec![one.clone()],
         Some(KeyFile::Parts(parts)) => parts.clone(),
         None => {
-            let default = scheme.descriptor().key.as_ref()?;
+            let default = scheme?.descriptor().key.as_ref()?;
             let mut source =
                 KeySource::parse(&[default.source.to_owned()]).expect("default keys parse");
             for alias in default.aliases {

@@ -4,16 +4,18 @@ use std::path::PathBuf;
 
 use http::Uri;
 
-use super::{Issues, addr, duration, header, rate};
+use super::{Issues, addr, duration, header, rate, size};
 use crate::config::file::{ServerFile, UpstreamFile};
 use crate::settings::{ServerSettings, UpstreamSettings};
 use crate::tls::TlsFiles;
 
 pub(super) fn server(i: &mut Issues, s: &ServerFile) -> ServerSettings {
+    let max_body_bytes = size(i, "server.max_body_bytes", &s.max_body_bytes);
+    let max_header_bytes = size(i, "server.max_header_bytes", &s.max_header_bytes);
     let server = ServerSettings {
         listen: addr(i, "server.listen", &s.listen),
         admin_listen: addr(i, "server.admin_listen", &s.admin_listen),
-        max_body_bytes: s.max_body_bytes,
+        max_body_bytes,
         read_timeout: duration(i, "server.read_timeout", &s.read_timeout),
         shutdown_grace: duration(i, "server.shutdown_grace", &s.shutdown_grace),
         client_ip_header: s
@@ -24,7 +26,7 @@ pub(super) fn server(i: &mut Issues, s: &ServerFile) -> ServerSettings {
             .per_source_rate_limit
             .and_then(|r| rate(i, "server.per_source_rate_limit", r)),
         max_connections: s.max_connections,
-        max_header_bytes: s.max_header_bytes,
+        max_header_bytes: usize::try_from(max_header_bytes).unwrap_or(usize::MAX),
         tls: s.tls.as_ref().map(|t| TlsFiles {
             cert: PathBuf::from(&t.cert),
             key: PathBuf::from(&t.key),
@@ -33,14 +35,15 @@ pub(super) fn server(i: &mut Issues, s: &ServerFile) -> ServerSettings {
             .admin_token
             .as_ref()
             .and_then(|t| super::provider::secret(i, "server.admin_token", t)),
+        allow_no_providers: s.allow_no_providers,
     };
     if s.max_connections == 0 {
         i.push("server.max_connections", "must be greater than 0");
     }
-    if s.max_header_bytes < 8192 {
+    if max_header_bytes < 8192 {
         i.push("server.max_header_bytes", "must be at least 8192");
     }
-    if s.max_body_bytes == 0 {
+    if max_body_bytes == 0 {
         i.push("server.max_body_bytes", "must be greater than 0");
     }
     server

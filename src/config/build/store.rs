@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{Issues, duration};
+use super::{Issues, duration, size};
 use crate::config::file::{BackendKind, StoreFile};
 use crate::settings::DedupeSettings;
 use crate::store::{BackendSettings, StoreSettings};
@@ -69,7 +69,12 @@ pub(super) fn store(
     let dedupe = DedupeSettings {
         retention: duration(i, "store.retention", &st.retention),
         lease: duration(i, "store.lease", &st.lease),
-        max_response_bytes: st.max_response_bytes,
+        max_response_bytes: usize::try_from(size(
+            i,
+            "store.max_response_bytes",
+            &st.max_response_bytes,
+        ))
+        .unwrap_or(usize::MAX),
     };
     if dedupe.lease <= upstream_timeout {
         i.push(
