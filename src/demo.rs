@@ -2,19 +2,17 @@
 //! in front of an in-process echo app; one signed delivery sent twice and a
 //! forged one, and a table of what happened to each.
 
-use std::convert::Infallible;
+use std::io::Write;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
+use http::{Request, StatusCode};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 
 use crate::provider::Scheme;
@@ -22,20 +20,44 @@ use crate::provider::Scheme;
 /// What the echo app saw: one body per call.
 type Seen = Arc<Mutex<Vec<Bytes>>>;
 
+/// Why the demo stopped early.
+enum Stop {
+    /// Whoever read the table stopped reading (`hookgate demo | head -3`):
+    /// not a failure, nothing more to say.
+    Closed,
+    Failed(String),
+}
+
+impl From<std::io::Error> for Stop {
+    fn from(e: std::io::Error) -> Self {
+        match e.kind() {
+            std::io::ErrorKind::BrokenPipe => Self::Closed,
+            _ => Self::Failed(format!("writing the table: {e}")),
+        }
+    }
+}
+
+impl From<String> for Stop {
+    fn from(e: String) -> Self {
+        Self::Failed(e)
+    }
+}
+
 /// Runs the demo and prints its table; the error is a sentence for stderr.
+/// The temporary directory is removed however the demo ends.
 pub async fn run() -> Result<(), String> {
-    let dir = tempfile_dir()?;
+    let dir = TempDir::new()?;
     let seen: Seen = Arc::default();
     let app = echo_app(Arc::clone(&seen)).await?;
     let secret = format!("whsec_demo_{:032x}", rand::random::<u128>());
-    let secret_path = dir.join("stripe-secret");
+    let secret_path = dir.path().join("stripe-secret");
     std::fs::write(&secret_path, &secret).map_err(|e| format!("writing the demo secret: {e}"))?;
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
          [upstream]\nurl = \"http://{app}\"\ntimeout = \"5s\"\n\
          [store]\nbackend = \"sqlite\"\npath = \"{db}\"\n\
          [providers.stripe]\nscheme = \"stripe\"\npath = \"/webhooks/stripe\"\nsecrets = [\"file:{secret}\"]\n",
-        db = dir.join("hookgate.db").display(),
+        db = dir.path().join("hookgate.db").display(),
         secret = secret_path.display(),
     );
     let settings = crate::config::load(&crate::config::figment_from_str(&toml))
@@ -43,12 +65,37 @@ pub async fn run() -> Result<(), String> {
     let gate = crate::start(settings)
         .await
         .map_err(|e| format!("starting the gate: {e}"))?;
-    println!(
-        "hookgate demo: gate on {} (sqlite in {}), echo app on {app}\n",
+    let shown = show(
+        &mut std::io::stdout(),
         gate.addr,
-        dir.display()
-    );
+        app,
+        dir.path(),
+        &secret,
+        &seen,
+    )
+    .await;
+    gate.shutdown().await;
+    match shown {
+        Ok(()) | Err(Stop::Closed) => Ok(()),
+        Err(Stop::Failed(e)) => Err(e),
+    }
+}
 
+/// The deliveries and the table. Written to `out` with errors returned,
+/// not `println!`, which panics when the reader has gone.
+async fn show(
+    out: &mut impl Write,
+    gate: SocketAddr,
+    app: SocketAddr,
+    dir: &Path,
+    secret: &str,
+    seen: &Seen,
+) -> Result<(), Stop> {
+    writeln!(
+        out,
+        "hookgate demo: gate on {gate} (sqlite in {}), echo app on {app}\n",
+        dir.display()
+    )?;
     let body = br#"{"id":"evt_demo_1","object":"event","type":"invoice.paid"}"#;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -60,63 +107,59 @@ pub async fn run() -> Result<(), String> {
         ("evt_demo_1 again (a retry)", &genuine),
         ("evt_demo_1, forged signature", &forged),
     ];
-    println!(
+    writeln!(
+        out,
         "#  {:<32}{:<8}{:<20}app calls so far",
         "delivery", "status", "hookgate-result"
-    );
+    )?;
     for (n, (label, headers)) in sends.iter().enumerate() {
-        let (status, result) = post(gate.addr, headers, body).await?;
+        let (status, result) = post(gate, headers, body).await?;
         let calls = seen.lock().unwrap_or_else(|p| p.into_inner()).len();
-        println!("{:<3}{label:<32}{status:<8}{result:<20}{calls}", n + 1);
+        writeln!(out, "{:<3}{label:<32}{status:<8}{result:<20}{calls}", n + 1)?;
     }
     let received = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    println!(
+    writeln!(
+        out,
         "\nThe app received {} delivery(ies); byte for byte: {}.",
         received.len(),
         received.iter().all(|b| b.as_ref() == body)
-    );
-    gate.shutdown().await;
-    let _ = std::fs::remove_dir_all(&dir);
+    )?;
+    out.flush()?;
     Ok(())
 }
 
-fn tempfile_dir() -> Result<std::path::PathBuf, String> {
-    let dir = std::env::temp_dir().join(format!("hookgate-demo-{:016x}", rand::random::<u64>()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    Ok(dir)
+/// A directory under the system's temp dir, removed when dropped: on
+/// success, on an error and on a panic alike.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<Self, String> {
+        let dir =
+            std::env::temp_dir().join(format!("hookgate-demo-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        Ok(Self(dir))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
 }
 
-/// An app that answers 200 and remembers each body.
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The echo app (crate::echo), remembering each body.
 async fn echo_app(seen: Seen) -> Result<SocketAddr, String> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| format!("starting the echo app: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let seen = Arc::clone(&seen);
-            let service = service_fn(move |req: Request<Incoming>| {
-                let seen = Arc::clone(&seen);
-                async move {
-                    let body = req.into_body().collect().await.map(|b| b.to_bytes());
-                    seen.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(body.unwrap_or_default());
-                    let mut answer = Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}")));
-                    answer.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    Ok::<_, Infallible>(answer)
-                }
-            });
-            tokio::spawn(
-                auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned(),
-            );
-        }
-    });
+    tokio::spawn(crate::echo::serve(listener, StatusCode::OK, move |r| {
+        seen.lock().unwrap_or_else(|p| p.into_inner()).push(r.body);
+    }));
     Ok(addr)
 }
 

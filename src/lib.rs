@@ -7,6 +7,7 @@ pub mod body;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod echo;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -1,14 +1,27 @@
 //! Thin: parse the command line, start telemetry, call the library.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
 use hookgate::cli::{self, Cli, Command};
+use hookgate::settings::Settings;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if matches!(cli.command, Some(Command::Demo)) {
-        return block_on(async {
+    // A command line that does not parse is a usage error: 64, like a bad
+    // configuration (clap's own default would be 2).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.use_stderr() {
+                true => ExitCode::from(cli::EXIT_BAD_CONFIG),
+                false => ExitCode::SUCCESS,
+            };
+        }
+    };
+    match &cli.command {
+        Some(Command::Demo) => block_on(async {
             match hookgate::demo::run().await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -16,29 +29,59 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
-        });
-    }
-    let settings = match cli.settings() {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    match &cli.command {
-        Some(Command::Check) => cli::check(&settings),
+        }),
+        Some(Command::Echo { listen, status }) => block_on(async {
+            tokio::select! {
+                served = hookgate::echo::run(*listen, *status) => match served {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("echo: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                () = shutdown_signal() => ExitCode::SUCCESS,
+            }
+        }),
+        Some(Command::Check(_)) => configured(&cli, |settings, read| cli::check(&settings, read)),
         Some(Command::Sign {
             provider,
             body,
             id,
             private_key,
-        }) => cli::sign(
-            &settings,
-            provider,
-            body.as_deref(),
-            id.as_deref(),
-            private_key.as_deref(),
-        ),
-        Some(Command::Keys { action }) => block_on(cli::keys(&settings, action)),
-        Some(Command::Queue { action }) => block_on(cli::queue(&settings, action)),
-        Some(Command::Run | Command::Demo) | None => block_on(serve(settings)),
+            ..
+        }) => configured(&cli, |settings, _| {
+            cli::sign(
+                &settings,
+                provider,
+                body.as_deref(),
+                id.as_deref(),
+                private_key.as_deref(),
+            )
+        }),
+        Some(Command::Keys { action, .. }) => {
+            configured(&cli, |settings, _| block_on(cli::keys(&settings, action)))
+        }
+        Some(Command::Queue { action, .. }) => {
+            configured(&cli, |settings, _| block_on(cli::queue(&settings, action)))
+        }
+        Some(Command::Run(_)) | None => configured(&cli, |settings, read| {
+            match cli::refuse_without_providers(&settings, read) {
+                Ok(()) => block_on(serve(settings)),
+                Err(code) => code,
+            }
+        }),
+    }
+}
+
+/// Runs `then` with the configuration and the file it was read from (when
+/// one was); a configuration that does not validate exits 64 instead.
+fn configured(cli: &Cli, then: impl FnOnce(Settings, Option<&Path>) -> ExitCode) -> ExitCode {
+    match cli.settings() {
+        Ok(settings) => {
+            let (path, exists) = cli.config_file();
+            then(settings, exists.then_some(path))
+        }
+        Err(code) => code,
     }
 }
 
@@ -55,7 +98,7 @@ fn block_on(work: impl Future<Output = ExitCode>) -> ExitCode {
     }
 }
 
-async fn serve(settings: hookgate::settings::Settings) -> ExitCode {
+async fn serve(settings: Settings) -> ExitCode {
     hookgate::telemetry::init();
     let running = match hookgate::start(settings).await {
         Ok(r) => r,

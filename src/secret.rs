@@ -56,6 +56,12 @@ impl SecretSource {
         }
     }
 
+    /// Whether the secret can be read now; the error says why not (the
+    /// variable or file, never a value).
+    pub fn presence(&self) -> Result<(), String> {
+        self.read().map(|_| ())
+    }
+
     /// Reads the current value. Trailing newlines of files are dropped (a
     /// Secret written with `echo` has one); nothing else is altered.
     fn read(&self) -> Result<SecretValue, String> {

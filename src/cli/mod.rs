@@ -1,6 +1,8 @@
-//! The command line: `run` (the default), `check`, `sign`, `keys`,
-//! `queue`.
+//! The command line: `run` (the default), `check`, `sign`, `demo`, `echo`,
+//! `keys`, `queue`.
 
+mod check;
+mod keys;
 mod queue;
 
 use std::io::Read;
@@ -8,47 +10,74 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
+pub use self::check::{check, refuse_without_providers};
+pub use self::keys::{KeysAction, keys};
 pub use self::queue::{QueueAction, queue};
 use crate::config::{self, ConfigErrors};
-use crate::key::KeySource;
 use crate::provider::{Delivery, Scheme, SignedHeaders, Verified, VerifyError};
 use crate::secret::{ActiveSecret, SecretSet, SecretValue};
 use crate::settings::{ProviderSettings, Settings};
-use crate::store::{Backend, Existing, ScopedKey, Store};
+use crate::store::Store;
 
-/// Exit status for a configuration that does not validate (sysexits'
-/// EX_USAGE).
+/// Exit status for a configuration that does not validate, or a command
+/// line that does not parse (sysexits' EX_USAGE).
 pub const EXIT_BAD_CONFIG: u8 = 64;
+
+/// The default configuration file, read when it exists.
+const DEFAULT_CONFIG: &str = "config.toml";
+
+const AFTER_HELP: &str = "\
+Configuration, later layers win: built-in defaults; the TOML file (--config FILE, \
+default ./config.toml when it exists); then environment variables \
+HOOKGATE_<SECTION>__<KEY>, with a double underscore between levels \
+(HOOKGATE_STORE__URL, HOOKGATE_PROVIDERS__STRIPE__TOLERANCE=7m). \
+`hookgate check` shows the result.
+
+Exit status: 0 done; 1 a failure at work (a missing secret in check, an \
+unknown key, the store unreachable); 64 a usage or configuration error, with \
+every problem listed.";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "hookgate",
     version,
-    about = "A webhook gate: verify, deduplicate, forward"
+    about = "A webhook gate: verify, deduplicate, forward",
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
-    /// The configuration file.
-    #[arg(long, short, global = true, default_value = "config.toml")]
-    pub config: PathBuf,
+    /// The configuration file, for `hookgate` without a command (= run).
+    #[arg(long, short, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// `--config FILE`, on the commands that read the configuration.
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// The configuration file [default: ./config.toml when it exists];
+    /// HOOKGATE_<SECTION>__<KEY> environment variables apply on top.
+    #[arg(long, short, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve (the default).
-    Run,
+    Run(ConfigArg),
     /// Validate the configuration and secrets, print the resolved providers.
-    Check,
+    Check(ConfigArg),
     /// Print the headers a real sender would attach to a body.
     Sign {
-        #[arg(long)]
+        /// The provider to sign for: its name in the configuration
+        /// ([providers.<NAME>]), whose scheme and secret are used.
+        #[arg(long, value_name = "NAME")]
         provider: String,
         /// The body to sign (`-` for stdin); default: a small JSON event.
-        #[arg(long)]
+        #[arg(long, value_name = "FILE")]
         body: Option<PathBuf>,
         /// The event id, where the scheme carries one in a header.
         #[arg(long)]
@@ -58,42 +87,64 @@ pub enum Command {
         /// public verification key, which cannot sign.
         #[arg(long, value_name = "FILE")]
         private_key: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Show the gate at work: no config file or services needed.
     Demo,
+    /// A tiny app for trying the gate: answers every request and prints
+    /// what it received (method, path, headers, body).
+    Echo {
+        /// Where to listen: the gate's default upstream.url.
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
+        listen: std::net::SocketAddr,
+        /// The status to answer with (try 500: the gate releases the key,
+        /// and the sender's retry gets through).
+        #[arg(long, default_value_t = 200)]
+        status: u16,
+    },
     /// Inspect or forget a key in the configured store.
     Keys {
         #[command(subcommand)]
         action: KeysAction,
+        #[command(flatten)]
+        config: ConfigArg,
     },
     /// Queue mode's jobs: list, show, replay, purge the dead letter.
     Queue {
         #[command(subcommand)]
         action: QueueAction,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum KeysAction {
-    /// Show a key's state.
-    Get {
-        #[arg(long)]
-        provider: String,
-        key: String,
-    },
-    /// Forget a key so that the provider's next redelivery is processed again.
-    Forget {
-        #[arg(long)]
-        provider: String,
-        key: String,
+        #[command(flatten)]
+        config: ConfigArg,
     },
 }
 
 impl Cli {
+    /// The configuration file named on the command line, if any.
+    pub fn config_arg(&self) -> Option<&Path> {
+        let own = match &self.command {
+            Some(
+                Command::Run(c)
+                | Command::Check(c)
+                | Command::Sign { config: c, .. }
+                | Command::Keys { config: c, .. }
+                | Command::Queue { config: c, .. },
+            ) => c.config.as_deref(),
+            Some(Command::Demo | Command::Echo { .. }) | None => None,
+        };
+        own.or(self.config.as_deref())
+    }
+
+    /// The configuration file to read, and whether it exists.
+    pub fn config_file(&self) -> (&Path, bool) {
+        let path = self.config_arg().unwrap_or(Path::new(DEFAULT_CONFIG));
+        (path, path.exists())
+    }
+
     /// The configuration, or the errors printed and the exit code to use.
     pub fn settings(&self) -> Result<Settings, ExitCode> {
-        let explicit = self.config != Path::new("config.toml");
-        config::figment(&self.config, explicit)
+        let explicit = self.config_arg().is_some();
+        config::figment(self.config_file().0, explicit)
             .and_then(|f| config::load(&f))
             .map_err(|e| {
                 print_errors(&e);
@@ -103,99 +154,27 @@ impl Cli {
 }
 
 fn print_errors(errors: &ConfigErrors) {
-    eprintln!("configuration is invalid ({} problems):", errors.0.len());
+    match errors.0.len() {
+        1 => eprintln!("configuration is invalid (1 problem):"),
+        n => eprintln!("configuration is invalid ({n} problems):"),
+    }
     for issue in &errors.0 {
         eprintln!("  {}: {}", issue.key, issue.message);
     }
 }
 
-/// `hookgate check`: problems go to stderr and make the exit status 1.
-pub fn check(settings: &Settings) -> ExitCode {
-    let mut problems = 0;
-    println!("store: {}", describe_store(settings));
-    if let Some(otlp) = &settings.telemetry.otlp {
-        println!(
-            "metrics: pushed over OTLP/HTTP to {} every {}",
-            otlp.endpoint,
-            humantime::format_duration(otlp.interval)
-        );
+/// The provider named on the command line; else the configured names are
+/// listed, and the exit code is 64.
+fn provider<'a>(settings: &'a Settings, name: &str) -> Result<&'a ProviderSettings, ExitCode> {
+    if let Some(p) = settings.providers.iter().find(|p| p.name == name) {
+        return Ok(p);
     }
-    for p in &settings.providers {
-        println!("provider {}:", p.name);
-        println!("  scheme: {}", p.scheme);
-        println!("  path: {}", p.path);
-        println!(
-            "  key: {}",
-            p.key.as_ref().map_or("(none)".into(), |k| format!("{k:?}"))
-        );
-        println!("  tolerance: {}", humantime::format_duration(p.tolerance));
-        println!("  retention: {}", humantime::format_duration(p.retention));
-        let (set, missing) = SecretSet::load(p.secrets.clone());
-        let active = set.active(SystemTime::now()).len();
-        for (i, spec) in set.specs().enumerate() {
-            let until = spec
-                .not_after
-                .map(|t| format!(" (until {})", humantime::format_rfc3339_seconds(t)))
-                .unwrap_or_default();
-            println!("  secret[{i}]: {}{until} <redacted>", spec.source);
-        }
-        for m in &missing {
-            eprintln!("error: provider {}: {m}", p.name);
-            problems += 1;
-        }
-        if active == 0 {
-            eprintln!(
-                "error: provider {} has no usable secret: it would refuse every delivery",
-                p.name
-            );
-            problems += 1;
-        }
-        if let Some(window) = p.scheme.retry_window()
-            && p.retention < window
-        {
-            eprintln!(
-                "warning: provider {}: retention {} is shorter than {}'s retry window of {}",
-                p.name,
-                humantime::format_duration(p.retention),
-                p.scheme,
-                humantime::format_duration(window)
-            );
-        }
-        if p.key == Some(KeySource::BodySha256) {
-            eprintln!(
-                "warning: provider {}: key = \"body_sha256\": a retry whose body differs by one byte is processed again",
-                p.name
-            );
-        }
+    let names: Vec<&str> = settings.providers.iter().map(|p| p.name.as_str()).collect();
+    match names.as_slice() {
+        [] => eprintln!("no provider named {name}: no providers are configured"),
+        _ => eprintln!("no provider named {name}; configured: {}", names.join(", ")),
     }
-    if settings.providers.is_empty() {
-        eprintln!("warning: no providers configured: every request is passed through unverified");
-    }
-    if matches!(
-        settings.store.backend,
-        crate::store::BackendSettings::Memory { .. }
-    ) {
-        eprintln!("warning: store.backend = \"memory\": a restart forgets every key");
-    }
-    if problems == 0 {
-        println!("ok");
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
-}
-
-fn describe_store(settings: &Settings) -> String {
-    match &settings.store.backend {
-        crate::store::BackendSettings::Memory { capacity } => {
-            format!("memory (capacity {capacity})")
-        }
-        crate::store::BackendSettings::Sqlite { path } => format!("sqlite ({})", path.display()),
-        crate::store::BackendSettings::Postgres { .. } => "postgres (URL redacted)".to_owned(),
-        crate::store::BackendSettings::Redis { prefix, .. } => {
-            format!("redis (prefix {prefix}; URL redacted)")
-        }
-    }
+    Err(ExitCode::from(EXIT_BAD_CONFIG))
 }
 
 /// `hookgate sign`: headers on stdout, one `Name: value` per line; with no
@@ -211,9 +190,9 @@ pub fn sign(
     id: Option<&str>,
     private_key: Option<&Path>,
 ) -> ExitCode {
-    let Some(p) = settings.providers.iter().find(|p| p.name == provider) else {
-        eprintln!("no provider named {provider} in the configuration");
-        return ExitCode::from(EXIT_BAD_CONFIG);
+    let p = match self::provider(settings, provider) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
     let sendgrid = matches!(p.scheme, Scheme::Sendgrid);
     match (sendgrid, private_key) {
@@ -365,49 +344,4 @@ async fn open_store(settings: &Settings) -> Result<Store, ExitCode> {
         eprintln!("cannot open the store: {e}");
         ExitCode::FAILURE
     })
-}
-
-/// `hookgate keys get|forget`.
-pub async fn keys(settings: &Settings, action: &KeysAction) -> ExitCode {
-    let (KeysAction::Get { provider, key } | KeysAction::Forget { provider, key }) = action;
-    if !settings.providers.iter().any(|p| &p.name == provider) {
-        eprintln!("no provider named {provider} in the configuration");
-        return ExitCode::from(EXIT_BAD_CONFIG);
-    }
-    let store = match open_store(settings).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let scoped = ScopedKey::new(provider, key.trim().to_lowercase());
-    let result = match action {
-        KeysAction::Get { .. } => store.get(&scoped).await.map(|record| match record {
-            None => println!("{scoped}: unknown"),
-            Some(r) => match r.state {
-                Existing::InFlight { retry_after } => println!(
-                    "{scoped}: in flight (lease ends in {})",
-                    humantime::format_duration(retry_after)
-                ),
-                Existing::Completed(s) => println!(
-                    "{scoped}: completed (status {}, {} bytes stored, fingerprint {})",
-                    s.status,
-                    s.body.len(),
-                    r.fingerprint
-                ),
-            },
-        }),
-        KeysAction::Forget { .. } => store.forget(&scoped).await.map(|found| {
-            if found {
-                println!("{scoped}: forgotten; the next redelivery will be processed");
-            } else {
-                println!("{scoped}: unknown; nothing to forget");
-            }
-        }),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("store error: {e}");
-            ExitCode::FAILURE
-        }
-    }
 }

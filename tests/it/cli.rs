@@ -61,17 +61,41 @@ fn check_redacts_secrets_and_fails_on_missing_ones() {
     );
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(stdout.contains("provider stripe"), "{stdout}");
-    assert!(stdout.contains("<redacted>"), "{stdout}");
+    assert!(stdout.contains("present (value not shown)"), "{stdout}");
     assert!(
         stderr.contains("shorter than stripe's retry window"),
         "{stderr}"
     );
     assert!(!stdout.contains(SECRET) && !stderr.contains(SECRET));
+    // The config as a user writes it (issue 18, item 4): no Rust debug
+    // output, durations in the style the config takes.
+    assert!(stdout.contains("  key: json:/id\n"), "{stdout}");
+    assert!(stdout.contains("  tolerance: 5m\n"), "{stdout}");
+    assert!(stdout.contains("  retention: 1d\n"), "{stdout}");
+    assert!(stderr.contains("retry window of 3d"), "{stderr}");
+    assert!(
+        !stdout.contains("Parts") && !stdout.contains("days"),
+        "{stdout}"
+    );
 
-    std::fs::remove_file(config.secret_path("stripe", 0)).unwrap();
+    let secret_file = config.secret_path("stripe", 0);
+    std::fs::remove_file(&secret_file).unwrap();
     let out = check().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no usable secret"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stderr.contains("no usable secret"), "{stderr}");
+    let named = format!("secrets[0]: file:{}: missing", secret_file.display());
+    assert!(
+        stdout.contains(&named),
+        "the missing secret is named: {stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("{}", secret_file.display())),
+        "{stderr}"
+    );
 }
 
 /// A `hookgate run` child whose stdout is collected line by line.
@@ -325,4 +349,272 @@ fn environment_variables_override_the_file() {
         text.contains("upstream.timeout") && text.contains("store.backend"),
         "{text}"
     );
+}
+
+/// Issue 18, item 3: a gate with no provider verifies nothing, so it does
+/// not start unless the operator says it is meant.
+#[test]
+fn a_gate_without_providers_refuses_to_start_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let bare = |args: &[&str]| {
+        let out = hookgate()
+            .args(args)
+            .current_dir(dir.path())
+            .env("HOOKGATE_SERVER__LISTEN", "127.0.0.1:0")
+            .env("HOOKGATE_SERVER__ADMIN_LISTEN", "127.0.0.1:0")
+            .env("HOOKGATE_STORE__BACKEND", "memory")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [&["run"][..], &[], &["check"]] {
+        let (code, stderr) = bare(args);
+        assert_eq!(code, Some(64), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("no providers are configured")
+                && stderr.contains("[providers.<name>]")
+                && stderr.contains("server.allow_no_providers = true"),
+            "{args:?} says why and what to do: {stderr}"
+        );
+    }
+
+    let config = dir.path().join("passthrough.toml");
+    std::fs::write(
+        &config,
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\nallow_no_providers = true\n[store]\nbackend = \"memory\"\n",
+    )
+    .unwrap();
+    let out = hookgate()
+        .arg("check")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("passed through unverified"), "{stderr}");
+    let (child, _addr) = Child::spawn(&config);
+    let (code, _) = child.stop();
+    assert_eq!(code, Some(0), "allowed explicitly, it serves");
+}
+
+/// Issue 18, item 5, through the binary: one problem is one problem, and
+/// a key that came from the environment names its variable.
+#[test]
+fn config_errors_name_the_variable_that_set_a_key() {
+    let config = GateFixture::stripe().upstream_url("http://127.0.0.1:9");
+    let out = hookgate()
+        .arg("check")
+        .arg("--config")
+        .arg(config.config_file())
+        .env("HOOKGATE_STORE__BACKEN", "redis")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("configuration is invalid (1 problem):"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "store.backen: unknown key; did you mean `backend`? (set by HOOKGATE_STORE__BACKEN)"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("backen.backen"), "named once: {stderr}");
+}
+
+fn run_keys(path: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = hookgate()
+        .arg("keys")
+        .args(args)
+        .arg("--config")
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 18, item 6.
+#[tokio::test]
+async fn keys_get_takes_a_scoped_key_and_exits_1_on_an_unknown_one() {
+    let gate = GateFixture::stripe().start().await;
+    let path = gate.fixture().config_file();
+    assert_eq!(
+        gate.deliver(&stripe_event("evt_Keys_1")).await.result(),
+        "forwarded"
+    );
+
+    let (code, stdout, stderr) = run_keys(&path, &["get", "--provider", "stripe", "evt_keys_1"]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("stripe:evt_keys_1: completed (status 200"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("expires: 4d after it was processed"),
+        "{stdout}"
+    );
+
+    // Pasted as the gate shows it (a log line, Hookgate-Event-Key).
+    let (code, stdout, _) = run_keys(&path, &["get", "--provider", "stripe", "stripe:evt_keys_1"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.starts_with("stripe:evt_keys_1: completed"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("stripe:stripe:"), "{stdout}");
+
+    let (code, stdout, _) = run_keys(&path, &["get", "--provider", "stripe", "evt_never"]);
+    assert_eq!(
+        code,
+        Some(1),
+        "an unknown key is exit 1 for scripts: {stdout}"
+    );
+    assert!(stdout.contains("stripe:evt_never: unknown"), "{stdout}");
+    let (code, _, _) = run_keys(&path, &["forget", "--provider", "stripe", "evt_never"]);
+    assert_eq!(code, Some(1));
+
+    let (code, _, stderr) = run_keys(&path, &["get", "--provider", "strip", "evt_keys_1"]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("no provider named strip; configured: stripe"),
+        "{stderr}"
+    );
+
+    let (code, stdout, _) = run_keys(
+        &path,
+        &["forget", "--provider", "stripe", "STRIPE:evt_keys_1"],
+    );
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("stripe:evt_keys_1: forgotten"), "{stdout}");
+    gate.shutdown().await;
+}
+
+/// Issue 18, item 7: `hookgate demo | head -3` ends quietly and leaves no
+/// temporary directory behind.
+#[test]
+fn demo_into_a_closed_pipe_exits_quietly_and_cleans_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = hookgate()
+        .arg("demo")
+        .env("TMPDIR", tmp.path())
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.starts_with("hookgate demo"), "{first}");
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.is_empty(), "no panic, no backtrace: {stderr}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "the demo's directory is removed: {left:?}");
+
+    // A full run cleans up too.
+    let out = hookgate()
+        .arg("demo")
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn help_names_exit_codes_layering_and_what_arguments_mean() {
+    let help = |args: &[&str]| {
+        let out = hookgate().args(args).arg("--help").output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = help(&[]);
+    for needle in [
+        "Exit status: 0",
+        " 1 ",
+        " 64 ",
+        "HOOKGATE_<SECTION>__<KEY>",
+        "later layers win",
+    ] {
+        assert!(top.contains(needle), "{needle} missing from:\n{top}");
+    }
+    let demo = help(&["demo"]);
+    assert!(!demo.contains("--config"), "demo reads no config:\n{demo}");
+    let get = help(&["keys", "get"]);
+    assert!(
+        get.contains("[providers.<NAME>]") && get.contains("stripe:evt_1"),
+        "--provider and <KEY> are described:\n{get}"
+    );
+    assert!(get.contains("--config"), "{get}");
+
+    let usage = hookgate().args(["keys", "get"]).output().unwrap();
+    assert_eq!(usage.status.code(), Some(64), "a usage error is 64");
+}
+
+/// Issue 18, item 2: `hookgate echo` is the app a newcomer does not have.
+#[tokio::test]
+async fn echo_answers_and_prints_what_it_received() {
+    let mut process = hookgate()
+        .args(["echo", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stdout = process.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next = || lines.recv_timeout(Duration::from_secs(20)).unwrap();
+    let banner = next();
+    let addr: std::net::SocketAddr = banner
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| {
+            rest.split(':')
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(":")
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no address in {banner}"));
+    let answer = post(
+        addr,
+        "/webhooks/stripe?x=1",
+        &[("hookgate-event-key".into(), "stripe:evt_echo".into())],
+        b"{\"id\":\"evt_echo\"}",
+    )
+    .await;
+    assert_eq!(answer.status, 200);
+    let mut seen = Vec::new();
+    while !seen.iter().any(|l: &String| l.contains("evt_echo\"}")) {
+        seen.push(next());
+    }
+    let seen = seen.join("\n");
+    assert!(
+        seen.contains("--- POST /webhooks/stripe?x=1 (17 bytes)"),
+        "{seen}"
+    );
+    assert!(
+        seen.contains("hookgate-event-key: stripe:evt_echo"),
+        "{seen}"
+    );
+    let _ = process.kill();
+    let _ = process.wait();
 }
