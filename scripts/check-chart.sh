@@ -113,9 +113,21 @@ validate() {
 
 # check_config TOML LABEL: `hookgate check` on a config, its secrets replaced
 # by stand-in files and variables (the real ones are mounted in the cluster
-# only), so that anything but exit 0 is a problem of the config itself.
+# only), so that anything but exit 0 is a problem of the config itself. A
+# config with no provider (the chart's defaults) must be refused, as
+# `hookgate run` refuses it, unless server.allow_no_providers is set.
 check_config() {
   local toml=$1 label=$2 work envs rc=0 output
+  if ! grep -q '^\[providers\.' "$toml" && ! grep -q '^allow_no_providers = true' "$toml"; then
+    output=$(env -i PATH="$PATH" "$HOOKGATE_BIN" check --config "$toml" 2>&1) || rc=$?
+    if [ "$rc" = 64 ] && grep -q "server.allow_no_providers" <<<"$output"; then
+      pass "$label: no provider: hookgate check refuses it, as hookgate run would"
+    else
+      fail "$label: no provider: hookgate check should exit 64 and say why, exited $rc"
+      indent <<<"$output"
+    fi
+    return
+  fi
   work=$(mktemp -d "$OUT/secrets.XXXXXX")
   if ! envs=$(python3 scripts/check_chart.py secrets "$toml" "$work"); then
     fail "$label: cannot read its secrets"
