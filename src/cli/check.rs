@@ -190,7 +190,12 @@ fn describe_store(settings: &Settings) -> String {
         BackendSettings::Memory { capacity } => format!("memory (capacity {capacity})"),
         BackendSettings::Sqlite { path } => format!("sqlite ({})", path.display()),
         BackendSettings::Postgres { .. } => "postgres (URL not shown)".to_owned(),
-        BackendSettings::Redis { prefix, .. } => format!("redis (prefix {prefix}; URL not shown)"),
+        BackendSettings::Redis {
+            prefix, cluster, ..
+        } => {
+            let kind = if *cluster { "redis cluster" } else { "redis" };
+            format!("{kind} (prefix {prefix}; URL not shown)")
+        }
     };
     format!(
         "{base}, retention {}, lease {}, answers stored up to {}",

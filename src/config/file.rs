@@ -202,6 +202,8 @@ pub struct StoreFile {
     pub timeout: String,
     pub max_response_bytes: SizeFile,
     pub memory_capacity: usize,
+    /// The redis `url` is a node of a Redis Cluster.
+    pub cluster: bool,
 }
 
 impl Default for StoreFile {
@@ -216,6 +218,7 @@ impl Default for StoreFile {
             timeout: "2s".into(),
             max_response_bytes: SizeFile::Bytes(64 * 1024),
             memory_capacity: 100_000,
+            cluster: false,
         }
     }
 }

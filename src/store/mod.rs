@@ -179,6 +179,8 @@ pub enum BackendSettings {
         url: String,
         prefix: String,
         queue: Vec<String>,
+        /// `url` is a node of a Redis Cluster.
+        cluster: bool,
     },
     /// Postgres's `retention` is the longest any provider keeps a key: its
     /// partitions are dropped only past it.
@@ -247,11 +249,20 @@ impl Store {
         let backend = match &settings.backend {
             BackendSettings::Memory { capacity } => Dispatch::Memory(MemoryStore::new(*capacity)),
             BackendSettings::Sqlite { path } => Dispatch::Sqlite(SqliteStore::open(path).await?),
-            BackendSettings::Redis { url, prefix, queue } => Dispatch::Redis(
-                RedisStore::open(url, prefix, settings.op_timeout)
-                    .await?
-                    .queue_mode(queue.iter().cloned()),
-            ),
+            BackendSettings::Redis {
+                url,
+                prefix,
+                queue,
+                cluster,
+            } => {
+                let store = if *cluster {
+                    RedisStore::open_cluster(std::slice::from_ref(url), prefix, settings.op_timeout)
+                        .await?
+                } else {
+                    RedisStore::open(url, prefix, settings.op_timeout).await?
+                };
+                Dispatch::Redis(store.queue_mode(queue.iter().cloned()))
+            }
             BackendSettings::Postgres { url, retention } => {
                 Dispatch::Postgres(PostgresStore::open(url, settings.op_timeout, *retention).await?)
             }

@@ -39,6 +39,7 @@ use crate::cli::Child;
 use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::{SECRET, signed, stripe_event};
 use crate::support::postgres_server::PostgresServer;
+use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::RedisServer;
 use crate::support::store_server::StoreServer;
 use crate::support::upstream::{Behavior, Upstream};
@@ -52,10 +53,6 @@ const MAX_ATTEMPTS: u32 = 60;
 const UPSTREAM_TIMEOUT: &str = "1s";
 /// Longer than the gate's upstream timeout: these calls time out.
 const STALL: Duration = Duration::from_millis(1500);
-const LEASE: &str = "5s";
-/// `LEASE` as a duration: a store outage at least this long, less the
-/// upstream timeout, can outlast a claim's lease (the second boundary).
-const LEASE_TIME: Duration = Duration::from_secs(5);
 
 pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -211,6 +208,15 @@ async fn exactly_once_on_postgres() {
     exactly_once(PostgresServer::start).await;
 }
 
+/// On a Redis Cluster (three masters, three replicas, append-only): the
+/// store's fault is a master SIGKILLed mid-run; "restarted" is its replica
+/// promoted, about two seconds later (the node timeout), while the gates
+/// answer 503 for the keys of its slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_on_a_redis_cluster_through_a_failover() {
+    exactly_once(RedisCluster::start).await;
+}
+
 /// The whole run against the store `start` starts: the gates on it, every
 /// copy delivered through the faults, then what the app answered 2xx, per
 /// event, judged.
@@ -225,7 +231,7 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
     let backend = S::BACKEND;
     // The URL survives `restart` (same port).
     let store_config = StoreConfig::on(&store)
-        .lease(LEASE)
+        .lease(&format!("{}s", S::LEASE_SECS))
         .timeout(S::GATE_TIMEOUT);
     let store = Arc::new(Mutex::new(store));
     let up = Upstream::start().await;
@@ -439,7 +445,10 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
     // A store outage that outlasts a lease is the other boundary: a mark
     // that could not land before the lease ran out. The restart is kept far
     // below the lease; on a machine so loaded that it was not, say so.
-    let outage_outlasted_lease = outage + Duration::from_secs(1) >= LEASE_TIME;
+    // A store outage at least as long as the lease, less the upstream
+    // timeout, can outlast a claim's lease.
+    let outage_outlasted_lease =
+        outage + Duration::from_secs(1) >= Duration::from_secs(S::LEASE_SECS);
     assert!(
         unexplained.is_empty() || outage_outlasted_lease,
         "processed twice, not by the SIGKILL boundary (event, instances): {unexplained:?}\n{figures}"

@@ -266,7 +266,7 @@ async fn accepted_once_delivered_at_least_once<S: StoreServer>(start: fn() -> S)
     let dead = jobs.iter().filter(|j| j.state == JobState::Dead).count();
 
     let oks = app_successes(&up);
-    let answers = answers.lock().unwrap();
+    let answers = std::mem::take(&mut *answers.lock().unwrap());
     let (mut lost, mut doubled, mut unexplained, mut twice_accepted) = (vec![], 0, vec![], vec![]);
     let mut via_victim_doubles = 0;
     for event in 0..events {

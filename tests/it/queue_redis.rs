@@ -110,6 +110,7 @@ fn settings(server: &RedisServer) -> StoreSettings {
             url: server.url(),
             prefix: "hookgate-q".into(),
             queue: vec!["stripe".into()],
+            cluster: false,
         },
         op_timeout: Duration::from_secs(2),
     }

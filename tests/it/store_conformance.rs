@@ -17,6 +17,7 @@ macro_rules! instantiate {
     };
 }
 
+mod cluster;
 mod faults;
 mod harness;
 mod memory_lru;
@@ -65,6 +66,7 @@ conformance!(memory, MemoryHarness);
 conformance!(sqlite, SqliteHarness);
 conformance!(redis, RedisHarness);
 conformance!(postgres, PostgresHarness);
+conformance!(redis_cluster, RedisClusterHarness);
 
 async fn claim_fresh_then_in_flight<H: Harness>() {
     let h = H::start().await;

@@ -50,6 +50,7 @@ pub(super) fn store(
                     prefix: st.prefix.clone(),
                     // Filled from the providers (see `build`).
                     queue: Vec::new(),
+                    cluster: st.cluster,
                 }
             }
             Some(_) => {

@@ -11,15 +11,17 @@
 //! so that an accept writes the dedupe entry and the job in one script on
 //! one slot (see `outbox`).
 
+mod connection;
 mod outbox;
 
 use std::collections::HashSet;
+use std::sync::LazyLock;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ErrorKind, RedisError, Script};
+use redis::{ErrorKind, RedisError, Script};
+
+use self::connection::{Conn, Link};
 
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 
@@ -76,18 +78,9 @@ end
 return 0
 ";
 
-/// Few, quick reconnect attempts: while redis is down each operation should
-/// fail fast (the gate answers 503), and the next one tries again.
-const RECONNECT_RETRIES: usize = 2;
-const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
-
 /// Dedupe state in redis, shared by every replica pointing at it.
 pub struct RedisStore {
-    /// Reconnects by itself after I/O failures; cloning it is cheap and
-    /// shares the connection. Replaced after a refused AUTH (see `error`).
-    conn: Mutex<ConnectionManager>,
-    /// Boxed: it is large and needed only to build a replacement manager.
-    connector: Box<Connector>,
+    link: Link,
     prefix: String,
     /// The URL's password, scrubbed from every error message.
     secret: Option<String>,
@@ -96,19 +89,6 @@ pub struct RedisStore {
     /// Where the next `take_due` starts among the shards, so that none
     /// waits behind the others.
     cursor: AtomicUsize,
-}
-
-/// What building a connection manager takes, kept to build a replacement.
-struct Connector {
-    client: Client,
-    config: ConnectionManagerConfig,
-}
-
-impl Connector {
-    /// A manager that connects on first use, so no live server is needed.
-    fn lazy_manager(&self) -> Result<ConnectionManager, RedisError> {
-        ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
-    }
 }
 
 /// `Script` sends EVALSHA and falls back to EVAL (loading the script) when
@@ -138,23 +118,34 @@ impl RedisStore {
     /// each attempt bounded by `op_timeout`.
     pub async fn open(url: &str, prefix: &str, op_timeout: Duration) -> Result<Self, StoreError> {
         let secret = password_of(url);
-        let scrub = |e: RedisError| unavailable(&e, secret.as_deref());
-        let client = Client::open(url).map_err(scrub)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(op_timeout))
-            .set_response_timeout(Some(op_timeout))
-            .set_number_of_retries(RECONNECT_RETRIES)
-            .set_min_delay(RECONNECT_MIN_DELAY)
-            .set_max_delay(op_timeout);
-        let connector = Connector { client, config };
-        Ok(Self {
-            conn: Mutex::new(connector.lazy_manager().map_err(scrub)?),
-            connector: Box::new(connector),
+        let link = Link::single(url, op_timeout).map_err(|e| unavailable(&e, secret.as_deref()))?;
+        Ok(Self::on(link, prefix, secret))
+    }
+
+    /// Like [`RedisStore::open`], for a Redis Cluster reached through
+    /// `seeds` (one or more of its nodes' URLs; the client discovers the
+    /// rest, follows redirections and fails over with the cluster). Every
+    /// script touches keys of one slot: one dedupe key, or one outbox
+    /// shard's keys under their hash tag.
+    pub async fn open_cluster(
+        seeds: &[String],
+        prefix: &str,
+        op_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let secret = seeds.iter().find_map(|url| password_of(url));
+        let link =
+            Link::cluster(seeds, op_timeout).map_err(|e| unavailable(&e, secret.as_deref()))?;
+        Ok(Self::on(link, prefix, secret))
+    }
+
+    fn on(link: Link, prefix: &str, secret: Option<String>) -> Self {
+        Self {
+            link,
             prefix: prefix.to_owned(),
             secret,
             queue: HashSet::new(),
             cursor: AtomicUsize::new(0),
-        })
+        }
     }
 
     /// Puts these providers' keys in the outbox shards (queue mode). A
@@ -175,23 +166,14 @@ impl RedisStore {
         }
     }
 
-    /// A handle on the shared connection. The lock only guards the swap in
-    /// `error`; a poisoned one still holds a usable manager.
-    fn conn(&self) -> ConnectionManager {
-        self.conn
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    /// A connection for one operation.
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        self.link.conn().await.map_err(|e| self.error(e))
     }
 
     fn error(&self, err: RedisError) -> StoreError {
         if err.kind() == ErrorKind::AuthenticationFailed {
-            // The manager retries only I/O failures, so a refused AUTH would
-            // stick until the gate restarts. A fresh (lazy) manager tries
-            // again on the next operation: fixing the password heals it.
-            if let Ok(fresh) = self.connector.lazy_manager() {
-                *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
-            }
+            self.link.renew();
         }
         match err.kind() {
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
@@ -216,7 +198,7 @@ impl Backend for RedisStore {
             .arg(&token.0)
             .arg(fingerprint)
             .arg(millis(lease))
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
         if matches!(fields.first(), Some(Some(state)) if state == b"fresh") {
@@ -247,7 +229,7 @@ impl Backend for RedisStore {
             .arg(snapshot.content_type.as_deref().unwrap_or(""))
             .arg(&snapshot.body[..])
             .arg(if snapshot.truncated { "1" } else { "0" })
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
         Ok(acted == 1)
@@ -258,7 +240,7 @@ impl Backend for RedisStore {
             .release
             .key(self.key(key))
             .arg(&token.0)
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
         Ok(acted == 1)
@@ -268,7 +250,7 @@ impl Backend for RedisStore {
         let fields: Fields = SCRIPTS
             .get
             .key(self.key(key))
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
         if fields.is_empty() {
@@ -281,7 +263,7 @@ impl Backend for RedisStore {
     async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
         let deleted: i64 = redis::cmd("DEL")
             .arg(self.key(key))
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
         Ok(deleted > 0)
@@ -289,7 +271,7 @@ impl Backend for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         redis::cmd("PING")
-            .query_async::<String>(&mut self.conn())
+            .query_async::<String>(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
         Ok(())

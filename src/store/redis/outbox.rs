@@ -121,10 +121,11 @@ impl Outbox for RedisStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
+        let conn = &self.conn().await?;
         let counts = try_join_all(Shard::all().map(|shard| async move {
             let mut call = SCRIPTS.count_due.prepare_invoke();
             call.key(shard.key(&self.prefix, "due"));
-            call.invoke_async::<u64>(&mut self.conn()).await
+            call.invoke_async::<u64>(&mut conn.clone()).await
         }))
         .await
         .map_err(|e| self.error(e))?;
@@ -143,7 +144,7 @@ impl Outbox for RedisStore {
                         .arg(millis(lease.min(LONGEST)))
                         .arg(quota)
                         .arg(&token.0);
-                    call.invoke_async::<Vec<Row>>(&mut self.conn()).await
+                    call.invoke_async::<Vec<Row>>(&mut conn.clone()).await
                 }
             });
         let mut jobs = Vec::new();
@@ -199,7 +200,7 @@ impl Outbox for RedisStore {
             .arg(error.unwrap_or_default())
             .arg(id);
         let acted: i64 = call
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
         Ok(acted == 1)
@@ -228,12 +229,13 @@ impl Outbox for RedisStore {
     }
 
     async fn depth(&self) -> Result<Vec<Depth>, StoreError> {
+        let conn = &self.conn().await?;
         let shards = try_join_all(Shard::all().map(|shard| async move {
             let mut call = SCRIPTS.depth.prepare_invoke();
             call.key(shard.key(&self.prefix, "due"))
                 .key(shard.key(&self.prefix, "dead"))
                 .arg(shard.job_prefix(&self.prefix));
-            call.invoke_async::<Vec<Row>>(&mut self.conn()).await
+            call.invoke_async::<Vec<Row>>(&mut conn.clone()).await
         }))
         .await
         .map_err(|e| self.error(e))?;
@@ -303,7 +305,7 @@ impl RedisStore {
                 .arg(&job.body[..]);
         }
         let (written, found): (i64, Vec<Fields>) = call
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
         if found.len() != members.len() {
@@ -338,8 +340,9 @@ impl RedisStore {
         } else {
             -1
         };
+        let conn = self.conn().await?;
         let calls = shards.into_iter().map(|shard| {
-            let (provider, key, low, high) = (&provider, &key, &low, &high);
+            let (provider, key, low, high, conn) = (&provider, &key, &low, &high, &conn);
             async move {
                 let mut call = SCRIPTS.scan.prepare_invoke();
                 call.key(shard.key(&self.prefix, "due"))
@@ -353,7 +356,7 @@ impl RedisStore {
                     .arg(low)
                     .arg(high)
                     .arg(limit);
-                call.invoke_async::<T>(&mut self.conn()).await
+                call.invoke_async::<T>(&mut conn.clone()).await
             }
         });
         try_join_all(calls).await.map_err(|e| self.error(e))

@@ -64,7 +64,13 @@ impl FaultServer for RedisServer {
     fn backend(url: String) -> BackendSettings {
         let prefix = REDIS_PREFIX.into();
         let queue = Vec::new();
-        BackendSettings::Redis { url, prefix, queue }
+        let cluster = false;
+        BackendSettings::Redis {
+            url,
+            prefix,
+            queue,
+            cluster,
+        }
     }
 
     /// The server has no password: AUTH is refused.

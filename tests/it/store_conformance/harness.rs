@@ -108,6 +108,7 @@ pub struct ServerHarness<S: ServedStore> {
 
 pub type RedisHarness = ServerHarness<RedisStore>;
 pub type PostgresHarness = ServerHarness<PostgresStore>;
+pub use super::cluster::RedisClusterHarness;
 
 impl<S: ServedStore> Harness for ServerHarness<S> {
     type Store = S;

@@ -62,6 +62,7 @@ macro_rules! outbox_conformance {
 outbox_conformance!(sqlite, SqliteOutbox);
 outbox_conformance!(redis, RedisOutbox);
 outbox_conformance!(postgres, PostgresOutbox);
+outbox_conformance!(redis_cluster, RedisClusterOutbox);
 
 fn job(body: &'static [u8]) -> NewJob {
     NewJob {

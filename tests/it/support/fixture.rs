@@ -82,7 +82,7 @@ impl StoreConfig {
     /// The store on a test server (redis or postgres), with the server's
     /// default operation timeout unless `timeout` says otherwise.
     pub fn on<S: StoreServer>(server: &S) -> Self {
-        Self::backend(S::BACKEND, Some(server.url()))
+        Self::backend(S::BACKEND, Some(server.url())).extra(S::STORE_EXTRA)
     }
 
     fn backend(backend: &'static str, url: Option<String>) -> Self {

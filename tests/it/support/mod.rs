@@ -4,6 +4,7 @@ pub mod fixture;
 pub mod gate;
 pub mod postgres_server;
 pub mod raw_upstream;
+pub mod redis_cluster;
 pub mod redis_server;
 pub mod store_server;
 pub mod upstream;

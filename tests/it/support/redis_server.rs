@@ -145,7 +145,7 @@ impl Drop for RedisServer {
 }
 
 /// A port the OS just handed out; released at once for redis-server to bind.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     listener.local_addr().expect("local address").port()
 }

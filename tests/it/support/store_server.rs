@@ -3,6 +3,7 @@
 //! over this trait, then runs against redis-server and PostgreSQL alike.
 
 use crate::support::postgres_server::PostgresServer;
+use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::RedisServer;
 
 pub trait StoreServer: Send + 'static {
@@ -12,6 +13,11 @@ pub trait StoreServer: Send + 'static {
     /// new connection is a TCP handshake plus a backend fork, on a loaded
     /// machine.
     const GATE_TIMEOUT: &'static str;
+    /// More lines of the gate's `[store]` section for this server.
+    const STORE_EXTRA: &'static str = "";
+    /// The claims' lease in the chaos run: longer than the server's outage,
+    /// so a lease never runs out while its mark waits for the store.
+    const LEASE_SECS: u64 = 5;
 
     /// Starts a fresh server; panics (never skips) when it is not installed.
     fn start() -> Self;
@@ -56,3 +62,38 @@ macro_rules! store_server {
 
 store_server!(RedisServer, "redis", "500ms");
 store_server!(PostgresServer, "postgres", "1s");
+
+/// A Redis Cluster: "killing the server" kills one master (never the seed
+/// node the gates were given), and "restarting" waits until its replica
+/// took over, so a fault test sees a failover where it saw a restart.
+impl StoreServer for RedisCluster {
+    const BACKEND: &'static str = "redis";
+    const GATE_TIMEOUT: &'static str = "500ms";
+    const STORE_EXTRA: &'static str = "cluster = true";
+    /// A failover takes the node timeout (2 s) and an election: up to 5 s
+    /// on a loaded machine.
+    const LEASE_SECS: u64 = 15;
+
+    fn start() -> Self {
+        RedisCluster::start()
+    }
+
+    fn url(&self) -> String {
+        self.seed_url()
+    }
+
+    fn kill(&mut self) {
+        self.kill_a_master();
+    }
+
+    fn restart(&mut self) {
+        self.wait_until_ok();
+    }
+
+    /// A promoted replica has what its master had replicated to it:
+    /// everything but the last instant's writes (replication is
+    /// asynchronous).
+    fn persists(&self) -> bool {
+        true
+    }
+}

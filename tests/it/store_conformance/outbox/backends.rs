@@ -6,6 +6,8 @@ use std::sync::Arc;
 use hookgate::store::{PostgresStore, RedisStore, SqliteStore};
 use tempfile::TempDir;
 
+pub use crate::store_conformance::cluster::RedisClusterOutbox;
+
 use super::OutboxHarness;
 use crate::store_conformance::harness::{REDIS_OP_TIMEOUT, REDIS_PREFIX, open_postgres};
 use crate::support::postgres_server::PostgresServer;

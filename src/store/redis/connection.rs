@@ -1,0 +1,145 @@
+//! The connection to redis: one server through the crate's
+//! `ConnectionManager`, or a Redis Cluster through its cluster client,
+//! which follows `MOVED` and `ASK` redirections and a failover by itself.
+//! The store's scripts and commands see one type, [`Conn`], either way.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use tokio::sync::OnceCell;
+
+/// Few, quick reconnect attempts: while redis is down each operation should
+/// fail fast (the gate answers 503), and the next one tries again.
+const RECONNECT_RETRIES: usize = 2;
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+
+/// How the store reaches redis. Boxed: the clients are large, and the
+/// store enum is as large as its largest backend.
+pub(super) enum Link {
+    Single(Box<SingleLink>),
+    Cluster(Box<ClusterLink>),
+}
+
+pub(super) struct SingleLink {
+    /// Reconnects by itself after I/O failures; cloning it is cheap and
+    /// shares the connection. Replaced after a refused AUTH.
+    manager: Mutex<ConnectionManager>,
+    client: Client,
+    config: ConnectionManagerConfig,
+}
+
+pub(super) struct ClusterLink {
+    client: ClusterClient,
+    /// Connected on first use (so opening needs no live cluster), then
+    /// kept: the cluster connection reconnects to nodes and refreshes the
+    /// slot map on its own.
+    connection: OnceCell<ClusterConnection>,
+}
+
+impl Link {
+    /// One server at `url`; nothing is connected until the first use.
+    pub(super) fn single(url: &str, op_timeout: Duration) -> Result<Self, RedisError> {
+        let client = Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(op_timeout))
+            .set_response_timeout(Some(op_timeout))
+            .set_number_of_retries(RECONNECT_RETRIES)
+            .set_min_delay(RECONNECT_MIN_DELAY)
+            .set_max_delay(op_timeout);
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+        Ok(Self::Single(Box::new(SingleLink {
+            manager: Mutex::new(manager),
+            client,
+            config,
+        })))
+    }
+
+    /// A cluster reached through `seeds` (any of its nodes: the client
+    /// discovers the rest); nothing is connected until the first use.
+    pub(super) fn cluster(seeds: &[String], op_timeout: Duration) -> Result<Self, RedisError> {
+        let wait = u64::try_from(RECONNECT_MIN_DELAY.as_millis()).unwrap_or(u64::MAX);
+        let client = ClusterClient::builder(seeds.iter().map(String::as_str))
+            .connection_timeout(op_timeout)
+            .response_timeout(op_timeout)
+            .retries(RECONNECT_RETRIES as u32)
+            .min_retry_wait(wait)
+            .max_retry_wait(u64::try_from(op_timeout.as_millis()).unwrap_or(u64::MAX))
+            .build()?;
+        Ok(Self::Cluster(Box::new(ClusterLink {
+            client,
+            connection: OnceCell::new(),
+        })))
+    }
+
+    /// A handle for one operation.
+    pub(super) async fn conn(&self) -> Result<Conn, RedisError> {
+        match self {
+            // The lock only guards the swap in `renew`; a poisoned one still
+            // holds a usable manager.
+            Self::Single(link) => Ok(Conn::Single(
+                link.manager
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone(),
+            )),
+            Self::Cluster(link) => {
+                let connection = link
+                    .connection
+                    .get_or_try_init(|| link.client.get_async_connection())
+                    .await?;
+                Ok(Conn::Cluster(connection.clone()))
+            }
+        }
+    }
+
+    /// After a refused AUTH: the manager retries only I/O failures, so the
+    /// refusal would stick until the gate restarts. A fresh (lazy) manager
+    /// tries again on the next operation, so fixing the password heals it.
+    pub(super) fn renew(&self) {
+        if let Self::Single(link) = self
+            && let Ok(fresh) =
+                ConnectionManager::new_lazy_with_config(link.client.clone(), link.config.clone())
+        {
+            *link.manager.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+        }
+    }
+}
+
+/// One operation's connection, to one server or to the cluster.
+#[derive(Clone)]
+pub(super) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
