@@ -44,6 +44,36 @@ pub enum Accepted {
     },
 }
 
+impl Accepted {
+    /// What an accept makes of a key it found held or done, comparing
+    /// fingerprints as a claim does.
+    pub fn found(stored_fingerprint: &str, incoming: &str, existing: Existing) -> Self {
+        match super::Claim::held(stored_fingerprint, incoming, existing) {
+            super::Claim::Existing(existing) => Self::Existing(existing),
+            super::Claim::Mismatch {
+                stored_fingerprint,
+                existing,
+            } => Self::Mismatch {
+                stored_fingerprint,
+                existing,
+            },
+            super::Claim::Fresh(_) => unreachable!("held() never answers Fresh"),
+        }
+    }
+
+    /// Whether this outcome stops the whole accept: a key in flight, or a
+    /// changed payload that `policy` rejects.
+    pub fn blocks(&self, policy: &AcceptPolicy) -> bool {
+        match self {
+            Self::Enqueued => false,
+            Self::Existing(existing) => matches!(existing, Existing::InFlight { .. }),
+            Self::Mismatch { existing, .. } => {
+                policy.reject_mismatch || matches!(existing, Existing::InFlight { .. })
+            }
+        }
+    }
+}
+
 /// How an accept treats what it finds: it records nothing unless every
 /// event is new or a settled duplicate.
 #[derive(Clone, Debug)]
@@ -138,51 +168,39 @@ pub struct JobFilter {
     pub before: Option<SystemTime>,
 }
 
-/// One condition of a [`JobFilter`], for a backend to render.
-#[derive(Clone, Copy, Debug)]
-pub enum Condition<'a> {
-    State(JobState),
-    Provider(&'a str),
-    Key(&'a str),
-    ReceivedSince(SystemTime),
-    ReceivedBefore(SystemTime),
-}
-
-impl Condition<'_> {
-    /// The SQL condition on the outbox table, `{}` standing for the value's
-    /// placeholder (`?1` on sqlite, `$1` on postgres).
-    pub fn sql(&self) -> &'static str {
-        match self {
-            Self::State(_) => "state = {}",
-            Self::Provider(_) => "provider = {}",
-            Self::Key(_) => "event_key = {}",
-            Self::ReceivedSince(_) => "received_at >= {}",
-            Self::ReceivedBefore(_) => "received_at < {}",
-        }
-    }
+/// The value of one placeholder of [`JobFilter::to_sql`].
+#[derive(Clone, Debug)]
+pub enum FilterValue {
+    Text(String),
+    Time(SystemTime),
 }
 
 impl JobFilter {
-    /// The conditions this filter sets; none selects every job.
-    pub fn conditions(&self) -> Vec<Condition<'_>> {
-        let mut all = Vec::new();
-        all.extend(self.state.map(Condition::State));
-        all.extend(self.provider.as_deref().map(Condition::Provider));
-        all.extend(self.key.as_deref().map(Condition::Key));
-        all.extend(self.since.map(Condition::ReceivedSince));
-        all.extend(self.before.map(Condition::ReceivedBefore));
-        all
-    }
-
-    /// The WHERE clause of these conditions, placeholders numbered from 1
-    /// by `placeholder` (`|n| format!("?{n}")` for sqlite).
-    pub fn where_clause(&self, placeholder: impl Fn(usize) -> String) -> String {
+    /// The WHERE clause on the outbox table that selects these jobs, and
+    /// its placeholders' values, numbered from 1 by `placeholder`
+    /// (`|n| format!("?{n}")` on sqlite, `$n` on postgres). No condition
+    /// selects every job.
+    pub fn to_sql(&self, placeholder: impl Fn(usize) -> String) -> (String, Vec<FilterValue>) {
+        let text = |column: &'static str, value: Option<&str>| {
+            value.map(|v| (column, FilterValue::Text(v.to_owned())))
+        };
+        let time = |column: &'static str, value: Option<SystemTime>| {
+            value.map(|t| (column, FilterValue::Time(t)))
+        };
+        let conditions = [
+            text("state = ", self.state.map(JobState::as_str)),
+            text("provider = ", self.provider.as_deref()),
+            text("event_key = ", self.key.as_deref()),
+            time("received_at >= ", self.since),
+            time("received_at < ", self.before),
+        ];
         let mut clause = "1 = 1".to_owned();
-        for (n, condition) in self.conditions().iter().enumerate() {
-            clause.push_str(" AND ");
-            clause.push_str(&condition.sql().replace("{}", &placeholder(n + 1)));
+        let mut values = Vec::new();
+        for (column, value) in conditions.into_iter().flatten() {
+            values.push(value);
+            clause.push_str(&format!(" AND {column}{}", placeholder(values.len())));
         }
-        clause
+        (clause, values)
     }
 }
 

@@ -31,8 +31,9 @@ use deadpool_postgres::{
 };
 use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
-use tokio_postgres::NoTls;
 use tokio_postgres::config::SslMode;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
@@ -164,6 +165,37 @@ impl Inner {
     async fn client(&self) -> Result<Client, StoreError> {
         self.ready().await?;
         self.connection().await
+    }
+
+    /// Runs one statement (prepared once per connection) on a pooled
+    /// connection; returns the rows it changed.
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| self.error(e))?;
+        client
+            .execute(&statement, params)
+            .await
+            .map_err(|e| self.error(e))
+    }
+
+    /// Like `execute`, for a statement that returns rows.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| self.error(e))?;
+        client
+            .query(&statement, params)
+            .await
+            .map_err(|e| self.error(e))
     }
 
     async fn connection(&self) -> Result<Client, StoreError> {

@@ -183,17 +183,8 @@ impl Backend for PostgresStore {
     }
 
     async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
-        let inner = &self.inner;
-        let client = inner.client().await?;
-        let statement = client
-            .prepare_cached(RELEASE)
-            .await
-            .map_err(|e| inner.error(e))?;
-        let deleted = client
-            .execute(&statement, &[&key.provider, &key.key, &token.0])
-            .await
-            .map_err(|e| inner.error(e))?;
-        Ok(deleted == 1)
+        let params: [&(dyn ToSql + Sync); 3] = [&key.provider, &key.key, &token.0];
+        Ok(self.inner.execute(RELEASE, &params).await? == 1)
     }
 
     async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
@@ -216,17 +207,8 @@ impl Backend for PostgresStore {
     }
 
     async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
-        let inner = &self.inner;
-        let client = inner.client().await?;
-        let statement = client
-            .prepare_cached(FORGET)
-            .await
-            .map_err(|e| inner.error(e))?;
-        let row = client
-            .query_one(&statement, &[&key.provider, &key.key])
-            .await
-            .map_err(|e| inner.error(e))?;
-        Ok(row.get::<_, i64>(0) > 0)
+        let rows = self.inner.query(FORGET, &[&key.provider, &key.key]).await?;
+        Ok(rows.first().is_some_and(|row| row.get::<_, i64>(0) > 0))
     }
 
     /// Answers once the server answers and the schema is in place.

@@ -8,7 +8,7 @@
 //! new statement, and only then writes the record and the job. The claim
 //! row is deleted before the commit, so nobody ever sees it.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use deadpool_postgres::{Client, GenericClient, Transaction};
 use tokio_postgres::error::SqlState;
@@ -16,10 +16,10 @@ use tokio_postgres::types::ToSql;
 
 use super::{PostgresStore, maintenance};
 use crate::store::outbox::{
-    Accept, AcceptPolicy, Accepted, Condition, Depth, Job, JobFilter, JobState, JobSummary, NewJob,
-    Outbox, Settle,
+    Accept, AcceptPolicy, Accepted, Depth, FilterValue, Job, JobFilter, JobState, JobSummary,
+    NewJob, Outbox, Settle,
 };
-use crate::store::{Claim, Existing, LeaseToken, ScopedKey, StoreError};
+use crate::store::{Existing, LeaseToken, ScopedKey, StoreError};
 
 /// How long an accept's serializing claim row would hold the key if the
 /// transaction outlived its connection; it never commits, so this only
@@ -115,18 +115,10 @@ impl Outbox for PostgresStore {
     }
 
     async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>, StoreError> {
-        let inner = &self.inner;
-        let client = inner.client().await?;
         let token = LeaseToken::generate();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let statement = client
-            .prepare_cached(TAKE)
-            .await
-            .map_err(|e| inner.error(e))?;
-        let rows = client
-            .query(&statement, &[&token.0, &lease.as_secs_f64(), &limit])
-            .await
-            .map_err(|e| inner.error(e))?;
+        let params: [&(dyn ToSql + Sync); 3] = [&token.0, &lease.as_secs_f64(), &limit];
+        let rows = self.inner.query(TAKE, &params).await?;
         Ok(rows
             .iter()
             .map(|r| Job {
@@ -151,8 +143,6 @@ impl Outbox for PostgresStore {
         token: &LeaseToken,
         settle: Settle,
     ) -> Result<bool, StoreError> {
-        let inner = &self.inner;
-        let client = inner.client().await?;
         let (state, wait, status, error) = match settle {
             Settle::Delivered { status } => (JobState::Delivered, 0.0, Some(status), None),
             Settle::Retry {
@@ -163,23 +153,12 @@ impl Outbox for PostgresStore {
             Settle::Dead { status, error } => (JobState::Dead, 0.0, status, Some(error)),
         };
         let status = status.map(i32::from);
-        let statement = client
-            .prepare_cached(SETTLE)
-            .await
-            .map_err(|e| inner.error(e))?;
-        let changed = client
-            .execute(
-                &statement,
-                &[&id, &token.0, &state.as_str(), &wait, &status, &error],
-            )
-            .await
-            .map_err(|e| inner.error(e))?;
-        Ok(changed == 1)
+        let params: [&(dyn ToSql + Sync); 6] =
+            [&id, &token.0, &state.as_str(), &wait, &status, &error];
+        Ok(self.inner.execute(SETTLE, &params).await? == 1)
     }
 
     async fn jobs(&self, filter: JobFilter, limit: usize) -> Result<Vec<JobSummary>, StoreError> {
-        let inner = &self.inner;
-        let client = inner.client().await?;
         let (clause, args) = filter_sql(&filter);
         let sql = format!(
             "SELECT id, provider, event_key, state, attempts, received_at, due_at, last_status,
@@ -187,10 +166,7 @@ impl Outbox for PostgresStore {
              ORDER BY received_at DESC, id DESC LIMIT {}",
             i64::try_from(limit).unwrap_or(i64::MAX)
         );
-        let rows = client
-            .query(&sql, &params(&args))
-            .await
-            .map_err(|e| inner.error(e))?;
+        let rows = self.inner.query(&sql, &params(&args)).await?;
         Ok(rows
             .iter()
             .map(|r| JobSummary {
@@ -249,13 +225,8 @@ impl Outbox for PostgresStore {
 }
 
 impl PostgresStore {
-    async fn execute(&self, sql: &str, args: &[Arg]) -> Result<u64, StoreError> {
-        let inner = &self.inner;
-        let client = inner.client().await?;
-        client
-            .execute(sql, &params(args))
-            .await
-            .map_err(|e| inner.error(e))
+    async fn execute(&self, sql: &str, args: &[FilterValue]) -> Result<u64, StoreError> {
+        self.inner.execute(sql, &params(args)).await
     }
 }
 
@@ -279,13 +250,7 @@ async fn accept_once(
     let mut blocked = false;
     for i in order {
         let outcome = look(&tx, &items[i], &token).await?;
-        blocked |= match &outcome {
-            Accepted::Enqueued => false,
-            Accepted::Existing(existing) => matches!(existing, Existing::InFlight { .. }),
-            Accepted::Mismatch { existing, .. } => {
-                policy.reject_mismatch || matches!(existing, Existing::InFlight { .. })
-            }
-        };
+        blocked |= outcome.blocks(policy);
         outcomes[i] = outcome;
     }
     if blocked {
@@ -346,7 +311,7 @@ async fn look(
 ) -> Result<Accepted, tokio_postgres::Error> {
     let key = &item.key;
     if let Some((stored, snapshot)) = super::operations::completed(tx, key).await? {
-        return Ok(found(
+        return Ok(Accepted::found(
             &stored,
             &item.fingerprint,
             Existing::Completed(snapshot),
@@ -364,12 +329,12 @@ async fn look(
         let held = tx.prepare_cached(super::operations::SELECT_HELD).await?;
         if let Some(row) = tx.query_opt(&held, &[&key.provider, &key.key]).await? {
             let existing = super::operations::in_flight(row.get(1));
-            return Ok(found(row.get(0), &item.fingerprint, existing));
+            return Ok(Accepted::found(row.get(0), &item.fingerprint, existing));
         }
     }
     // A delivery that completed while we waited on its claim row.
     if let Some((stored, snapshot)) = super::operations::completed(tx, key).await? {
-        return Ok(found(
+        return Ok(Accepted::found(
             &stored,
             &item.fingerprint,
             Existing::Completed(snapshot),
@@ -378,49 +343,22 @@ async fn look(
     Ok(Accepted::Enqueued)
 }
 
-fn found(stored: &str, incoming: &str, existing: Existing) -> Accepted {
-    match Claim::held(stored, incoming, existing) {
-        Claim::Existing(existing) => Accepted::Existing(existing),
-        Claim::Mismatch {
-            stored_fingerprint,
-            existing,
-        } => Accepted::Mismatch {
-            stored_fingerprint,
-            existing,
-        },
-        Claim::Fresh(_) => unreachable!("held() never answers Fresh"),
-    }
-}
-
 fn attempt(n: i32) -> u32 {
     u32::try_from(n).unwrap_or(0)
 }
 
-/// A bound parameter of a built query.
-enum Arg {
-    Text(String),
-    Time(SystemTime),
-}
-
-fn params(args: &[Arg]) -> Vec<&(dyn ToSql + Sync)> {
-    args.iter()
-        .map(|a| match a {
-            Arg::Text(t) => t as &(dyn ToSql + Sync),
-            Arg::Time(t) => t as &(dyn ToSql + Sync),
+/// The query's parameters, as `tokio-postgres` takes them.
+fn params(values: &[FilterValue]) -> Vec<&(dyn ToSql + Sync)> {
+    values
+        .iter()
+        .map(|v| match v {
+            FilterValue::Text(t) => t as &(dyn ToSql + Sync),
+            FilterValue::Time(t) => t as &(dyn ToSql + Sync),
         })
         .collect()
 }
 
 /// The WHERE clause and its parameters (`$1`, `$2`, ...) for `filter`.
-fn filter_sql(filter: &JobFilter) -> (String, Vec<Arg>) {
-    let args = filter
-        .conditions()
-        .into_iter()
-        .map(|c| match c {
-            Condition::State(state) => Arg::Text(state.as_str().to_owned()),
-            Condition::Provider(text) | Condition::Key(text) => Arg::Text(text.to_owned()),
-            Condition::ReceivedSince(t) | Condition::ReceivedBefore(t) => Arg::Time(t),
-        })
-        .collect();
-    (filter.where_clause(|n| format!("${n}")), args)
+fn filter_sql(filter: &JobFilter) -> (String, Vec<FilterValue>) {
+    filter.to_sql(|n| format!("${n}"))
 }

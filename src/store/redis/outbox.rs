@@ -62,7 +62,7 @@ use super::{Fields, RedisStore, decode, millis};
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, Job, JobFilter, JobState, JobSummary, Outbox, Settle,
 };
-use crate::store::{Claim, Existing, LeaseToken, ScopedKey, StoreError};
+use crate::store::{LeaseToken, ScopedKey, StoreError};
 
 /// The longest wait a script is given (100 years): past it the
 /// milliseconds would not fit the scripts' number formatting.
@@ -378,29 +378,9 @@ fn fill(
             Accepted::Enqueued
         } else {
             let (stored, existing) = decode(fields)?;
-            match Claim::held(&stored, &items[n].fingerprint, existing) {
-                Claim::Existing(existing) => Accepted::Existing(existing),
-                Claim::Mismatch {
-                    stored_fingerprint,
-                    existing,
-                } => {
-                    blocked |= policy.reject_mismatch;
-                    Accepted::Mismatch {
-                        stored_fingerprint,
-                        existing,
-                    }
-                }
-                Claim::Fresh(_) => unreachable!("held() never answers Fresh"),
-            }
+            Accepted::found(&stored, &items[n].fingerprint, existing)
         };
-        blocked |= matches!(
-            outcome,
-            Accepted::Existing(Existing::InFlight { .. })
-                | Accepted::Mismatch {
-                    existing: Existing::InFlight { .. },
-                    ..
-                }
-        );
+        blocked |= outcome.blocks(policy);
         outcomes[n] = outcome;
     }
     Ok(blocked)

@@ -9,10 +9,10 @@ use rusqlite::{Connection, Row as SqlRow, TransactionBehavior, params, params_fr
 
 use super::{SqliteStore, after, now_ms, select_live};
 use crate::store::outbox::{
-    Accept, AcceptPolicy, Accepted, Condition, Depth, Job, JobFilter, JobState, JobSummary, NewJob,
-    Outbox, Settle,
+    Accept, AcceptPolicy, Accepted, Depth, FilterValue, Job, JobFilter, JobState, JobSummary,
+    NewJob, Outbox, Settle,
 };
-use crate::store::{Claim, Existing, LeaseToken, ScopedKey, StoreError};
+use crate::store::{LeaseToken, ScopedKey, StoreError};
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS outbox (
@@ -229,30 +229,10 @@ fn accept_in(
             None => Accepted::Enqueued,
             Some(row) => {
                 let stored = row.fingerprint.clone();
-                match Claim::held(&stored, &item.fingerprint, row.existing(now)?) {
-                    Claim::Mismatch {
-                        stored_fingerprint,
-                        existing,
-                    } => {
-                        blocked |= policy.reject_mismatch;
-                        Accepted::Mismatch {
-                            stored_fingerprint,
-                            existing,
-                        }
-                    }
-                    Claim::Existing(existing) => Accepted::Existing(existing),
-                    Claim::Fresh(_) => unreachable!("held() never answers Fresh"),
-                }
+                Accepted::found(&stored, &item.fingerprint, row.existing(now)?)
             }
         };
-        blocked |= matches!(
-            outcome,
-            Accepted::Existing(Existing::InFlight { .. })
-                | Accepted::Mismatch {
-                    existing: Existing::InFlight { .. },
-                    ..
-                }
-        );
+        blocked |= outcome.blocks(policy);
         outcomes.push(outcome);
     }
     if blocked {
@@ -302,16 +282,12 @@ fn accept_in(
 
 /// The WHERE clause and its parameters (numbered from 1) for `filter`.
 fn filter_sql(filter: &JobFilter) -> (String, Vec<Value>) {
-    let args = filter
-        .conditions()
-        .into_iter()
-        .map(|c| match c {
-            Condition::State(state) => Value::Text(state.as_str().to_owned()),
-            Condition::Provider(text) | Condition::Key(text) => Value::Text(text.to_owned()),
-            Condition::ReceivedSince(t) | Condition::ReceivedBefore(t) => Value::Integer(millis(t)),
-        })
-        .collect();
-    (filter.where_clause(|n| format!("?{n}")), args)
+    let (clause, values) = filter.to_sql(|n| format!("?{n}"));
+    let args = values.into_iter().map(|v| match v {
+        FilterValue::Text(text) => Value::Text(text),
+        FilterValue::Time(t) => Value::Integer(millis(t)),
+    });
+    (clause, args.collect())
 }
 
 fn summary(r: &SqlRow<'_>) -> rusqlite::Result<JobSummary> {
