@@ -62,7 +62,7 @@ APP_PID=""
 cleanup() {
   "${PODMAN[@]}" rm -f -t 0 "$NAME" >/dev/null 2>&1 || true
   "${PODMAN[@]}" volume rm -f "$VOLUME" >/dev/null 2>&1 || true
-  [ -n "$APP_PID" ] && kill "$APP_PID" 2>/dev/null || true
+  if [ -n "$APP_PID" ]; then kill "$APP_PID" 2>/dev/null || true; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -202,7 +202,7 @@ EOF
     pass "the sqlite file is on the volume, owned by 65532"
   else
     fail "no hookgate.db of uid 65532 on the volume"
-    ls -ln "$(dirname "$db")" 2>&1 | indent
+    find "$(dirname "$db")" -printf '%M %U:%G %p\n' 2>&1 | indent
   fi
   code=$(stop_gate)
   if [ "$code" = 0 ]; then

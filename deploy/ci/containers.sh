@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # the arrays are for the scripts that source this
 # Sourced by deploy/build-image.sh and scripts/check-image.sh: how buildah and
 # podman run on this project's machines, in one place so both use the same
 # image store.
