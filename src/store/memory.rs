@@ -18,6 +18,7 @@ use std::time::Duration;
 use lru::LruCache;
 use tokio::time::Instant;
 
+use super::Result;
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 
 /// Dedupe state held in process memory: at most `capacity` keys, in flight
@@ -127,7 +128,7 @@ impl Keys {
     /// Makes room for one more key: evicts the least recently used
     /// completed key, else drops the in-flight claims whose lease has
     /// ended. Full of live claims, there is none to be made.
-    fn make_room(&mut self, now: Instant) -> Result<(), StoreError> {
+    fn make_room(&mut self, now: Instant) -> Result<()> {
         if self.len() < self.capacity || self.completed.pop_lru().is_some() {
             return Ok(());
         }
@@ -171,12 +172,7 @@ impl Live<'_> {
 }
 
 impl Backend for MemoryStore {
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &str,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
         let now = Instant::now();
         let mut keys = self.lock();
         if let Some(live) = keys.live(key, now) {
@@ -205,7 +201,7 @@ impl Backend for MemoryStore {
         token: &LeaseToken,
         snapshot: &Snapshot,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool> {
         let now = Instant::now();
         let mut keys = self.lock();
         let Some(claim) = keys.take_owned(key, token, now) else {
@@ -221,11 +217,11 @@ impl Backend for MemoryStore {
         Ok(true)
     }
 
-    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
+    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool> {
         Ok(self.lock().take_owned(key, token, Instant::now()).is_some())
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
+    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>> {
         let now = Instant::now();
         let mut keys = self.lock();
         Ok(keys.live(key, now).map(|live| KeyRecord {
@@ -234,7 +230,7 @@ impl Backend for MemoryStore {
         }))
     }
 
-    async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+    async fn forget(&self, key: &ScopedKey) -> Result<bool> {
         let mut keys = self.lock();
         let live = keys.live(key, Instant::now()).is_some();
         keys.in_flight.remove(key);
@@ -242,7 +238,7 @@ impl Backend for MemoryStore {
         Ok(live)
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<()> {
         Ok(())
     }
 }

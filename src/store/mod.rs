@@ -125,6 +125,9 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// A store operation's result.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
 /// The contract every backend implements.
 pub trait Backend: Send + Sync {
     /// Claims `key` for a lease of `lease`, unless someone holds it.
@@ -133,7 +136,7 @@ pub trait Backend: Send + Sync {
         key: &ScopedKey,
         fingerprint: &str,
         lease: Duration,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Claim>> + Send;
 
     /// Marks the key completed for `retention`, if `token` still owns it.
     fn complete(
@@ -142,26 +145,23 @@ pub trait Backend: Send + Sync {
         token: &LeaseToken,
         snapshot: &Snapshot,
         retention: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Forgets an in-flight claim, if `token` still owns it.
     fn release(
         &self,
         key: &ScopedKey,
         token: &LeaseToken,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// The key's current state, if any.
-    fn get(
-        &self,
-        key: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<KeyRecord>, StoreError>> + Send;
+    fn get(&self, key: &ScopedKey) -> impl Future<Output = Result<Option<KeyRecord>>> + Send;
 
     /// Forgets the key whatever its state (operator force-replay).
-    fn forget(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn forget(&self, key: &ScopedKey) -> impl Future<Output = Result<bool>> + Send;
 
     /// Answers when the store is reachable.
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn ping(&self) -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Which backend to open, with its parameters (built from the config).
@@ -245,7 +245,7 @@ impl Store {
     /// Opens the backend. Redis and postgres connect lazily and reconnect on
     /// their own, so opening succeeds while they are down; the first
     /// operation reports it.
-    pub async fn open(settings: &StoreSettings) -> Result<Self, StoreError> {
+    pub async fn open(settings: &StoreSettings) -> Result<Self> {
         let backend = match &settings.backend {
             BackendSettings::Memory { capacity } => Dispatch::Memory(MemoryStore::new(*capacity)),
             BackendSettings::Sqlite { path } => Dispatch::Sqlite(SqliteStore::open(path).await?),
@@ -305,7 +305,7 @@ macro_rules! dispatching {
     ($($op:ident($($arg:ident: $ty:ty),*) -> $ok:ty;)*) => {
         impl Backend for Store {
             $(
-                async fn $op(&self, $($arg: $ty),*) -> Result<$ok, StoreError> {
+                async fn $op(&self, $($arg: $ty),*) -> Result<$ok> {
                     dispatch!(self, stringify!($op), s => s.$op($($arg),*))
                 }
             )*

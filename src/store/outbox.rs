@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
+use super::Result;
 use super::{Existing, LeaseToken, ScopedKey, Snapshot, StoreError};
 
 /// What the relay will send for one accepted event.
@@ -220,7 +221,7 @@ pub struct Depth {
 /// job still holds it.
 pub trait Outbox: Send + Sync {
     /// Commits are durable (on disk, or on the server) before they answer.
-    fn require_durable_commits(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn require_durable_commits(&self) -> impl Future<Output = Result<()>> + Send;
 
     /// Records the dedupe entry and the job of every new event atomically,
     /// unless an event is held by a delivery in flight or (per `policy`)
@@ -229,7 +230,7 @@ pub trait Outbox: Send + Sync {
         &self,
         items: Vec<Accept>,
         policy: AcceptPolicy,
-    ) -> impl Future<Output = Result<Vec<Accepted>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Accepted>>> + Send;
 
     /// Leases up to `limit` due jobs for `lease`; a job whose lease ran out
     /// is due again.
@@ -237,7 +238,7 @@ pub trait Outbox: Send + Sync {
         &self,
         lease: Duration,
         limit: usize,
-    ) -> impl Future<Output = Result<Vec<Job>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Job>>> + Send;
 
     /// Records how an attempt ended, if `token` still holds the job.
     fn settle(
@@ -245,25 +246,25 @@ pub trait Outbox: Send + Sync {
         id: i64,
         token: &LeaseToken,
         settle: Settle,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<bool>> + Send;
 
     /// The jobs `filter` selects, newest first, at most `limit`.
     fn jobs(
         &self,
         filter: JobFilter,
         limit: usize,
-    ) -> impl Future<Output = Result<Vec<JobSummary>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<JobSummary>>> + Send;
 
     /// Puts the jobs `filter` selects back to pending, due now, as a new
     /// series of attempts; returns how many. The dedupe record is not
     /// consulted: a replay is an operator's decision.
-    fn replay(&self, filter: JobFilter) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn replay(&self, filter: JobFilter) -> impl Future<Output = Result<u64>> + Send;
 
     /// Deletes the jobs `filter` selects; returns how many.
-    fn purge(&self, filter: JobFilter) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn purge(&self, filter: JobFilter) -> impl Future<Output = Result<u64>> + Send;
 
     /// Pending (leased or not) and dead jobs per provider.
-    fn depth(&self) -> impl Future<Output = Result<Vec<Depth>, StoreError>> + Send;
+    fn depth(&self) -> impl Future<Output = Result<Vec<Depth>>> + Send;
 }
 
 /// The memory store keeps nothing across a restart, so the config refuses
@@ -283,7 +284,7 @@ macro_rules! outbox_dispatching {
     ) => {
         impl Outbox for super::Store {
             $(
-                async fn $op(&self, $($arg: $ty),*) -> Result<$ok, StoreError> {
+                async fn $op(&self, $($arg: $ty),*) -> Result<$ok> {
                     let started = std::time::Instant::now();
                     let op = async move { outbox_backend!(self, s => s.$op($($arg),*)) };
                     let result = match tokio::time::timeout(self.op_timeout, op).await {
@@ -297,7 +298,7 @@ macro_rules! outbox_dispatching {
                 }
             )*
             $(
-                async fn $uop(&self, $($uarg: $uty),*) -> Result<$uok, StoreError> {
+                async fn $uop(&self, $($uarg: $uty),*) -> Result<$uok> {
                     outbox_backend!(self, s => s.$uop($($uarg),*))
                 }
             )*

@@ -37,6 +37,7 @@ use tokio_postgres::{NoTls, Row};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
+use crate::store::Result;
 
 pub use self::maintenance::PartitionHealth;
 
@@ -78,11 +79,7 @@ impl PostgresStore {
     /// else on the first operation, which reports it `Unavailable`
     /// meanwhile. `retention` must be the longest any provider uses;
     /// `op_timeout` bounds connecting and waiting for a pooled connection.
-    pub async fn open(
-        url: &str,
-        op_timeout: Duration,
-        retention: Duration,
-    ) -> Result<Self, StoreError> {
+    pub async fn open(url: &str, op_timeout: Duration, retention: Duration) -> Result<Self> {
         let mut secrets: Vec<String> = password_in_text(url).into_iter().collect();
         let (url, root_cert) = tls_options(url);
         let mut config = tokio_postgres::Config::from_str(&url).map_err(|e| {
@@ -149,7 +146,7 @@ impl PostgresStore {
     /// Runs a maintenance pass now: partitions created ahead, those past
     /// retention dropped, stale claims purged, health refreshed. The
     /// background task does this every hour.
-    pub async fn run_maintenance(&self) -> Result<(), StoreError> {
+    pub async fn run_maintenance(&self) -> Result<()> {
         self.inner.maintain().await
     }
 }
@@ -162,14 +159,14 @@ impl Drop for PostgresStore {
 
 impl Inner {
     /// A pooled connection to a migrated schema.
-    async fn client(&self) -> Result<Client, StoreError> {
+    async fn client(&self) -> Result<Client> {
         self.ready().await?;
         self.connection().await
     }
 
     /// Runs one statement (prepared once per connection) on a pooled
     /// connection; returns the rows it changed.
-    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(sql)
@@ -182,11 +179,7 @@ impl Inner {
     }
 
     /// Like `execute`, for a statement that returns rows.
-    async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, StoreError> {
+    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(sql)
@@ -198,14 +191,14 @@ impl Inner {
             .map_err(|e| self.error(e))
     }
 
-    async fn connection(&self) -> Result<Client, StoreError> {
+    async fn connection(&self) -> Result<Client> {
         self.pool.get().await.map_err(|e| self.pool_error(e))
     }
 
     /// Migrates the schema and runs a first maintenance pass, once. A failed
     /// pass is only logged: partitions missing at `complete` are created
     /// there, and the background task tries again.
-    async fn ready(&self) -> Result<(), StoreError> {
+    async fn ready(&self) -> Result<()> {
         self.ready
             .get_or_try_init(|| async {
                 let mut client = self.connection().await?;
@@ -225,7 +218,7 @@ impl Inner {
         Ok(())
     }
 
-    async fn maintain(&self) -> Result<(), StoreError> {
+    async fn maintain(&self) -> Result<()> {
         let pass = async {
             let mut client = self.client().await?;
             maintenance::run(&mut client, self.retention)

@@ -9,6 +9,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::{PostgresStore, maintenance};
+use crate::store::Result;
 use crate::store::{
     Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError,
 };
@@ -88,12 +89,7 @@ impl Backend for PostgresStore {
     /// after the insert, in a new statement (so a new snapshot) inside the
     /// claim's transaction: a delivery that completed while we waited on
     /// its claim row is seen there, and our claim is rolled back.
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &str,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
         let inner = &self.inner;
         let err = |e| inner.error(e);
         let mut client = inner.client().await?;
@@ -143,7 +139,7 @@ impl Backend for PostgresStore {
         token: &LeaseToken,
         snapshot: &Snapshot,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool> {
         let inner = &self.inner;
         let mut client = inner.client().await?;
         let statement = client
@@ -182,12 +178,12 @@ impl Backend for PostgresStore {
         Ok(written == 1)
     }
 
-    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
+    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool> {
         let params: [&(dyn ToSql + Sync); 3] = [&key.provider, &key.key, &token.0];
         Ok(self.inner.execute(RELEASE, &params).await? == 1)
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
+    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>> {
         let inner = &self.inner;
         let err = |e| inner.error(e);
         let client = inner.client().await?;
@@ -206,13 +202,13 @@ impl Backend for PostgresStore {
         }))
     }
 
-    async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+    async fn forget(&self, key: &ScopedKey) -> Result<bool> {
         let rows = self.inner.query(FORGET, &[&key.provider, &key.key]).await?;
         Ok(rows.first().is_some_and(|row| row.get::<_, i64>(0) > 0))
     }
 
     /// Answers once the server answers and the schema is in place.
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<()> {
         let inner = &self.inner;
         let client = inner.client().await?;
         client

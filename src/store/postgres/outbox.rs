@@ -15,11 +15,12 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::{PostgresStore, maintenance};
+use crate::store::Result;
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, FilterValue, Job, JobFilter, JobState, JobSummary,
     NewJob, Outbox, Settle,
 };
-use crate::store::{Existing, LeaseToken, ScopedKey, StoreError};
+use crate::store::{Existing, LeaseToken, ScopedKey};
 
 /// How long an accept's serializing claim row would hold the key if the
 /// transaction outlived its connection; it never commits, so this only
@@ -75,7 +76,7 @@ impl Outbox for PostgresStore {
     /// A commit is durable once the server answers it, as long as the
     /// server keeps `synchronous_commit` on (its default); a server that
     /// turned it off is reported at start.
-    async fn require_durable_commits(&self) -> Result<(), StoreError> {
+    async fn require_durable_commits(&self) -> Result<()> {
         let inner = &self.inner;
         let client = inner.client().await?;
         let row = client
@@ -92,11 +93,7 @@ impl Outbox for PostgresStore {
         Ok(())
     }
 
-    async fn accept(
-        &self,
-        items: Vec<Accept>,
-        policy: AcceptPolicy,
-    ) -> Result<Vec<Accepted>, StoreError> {
+    async fn accept(&self, items: Vec<Accept>, policy: AcceptPolicy) -> Result<Vec<Accepted>> {
         let inner = &self.inner;
         let mut client = inner.client().await?;
         match accept_once(&mut client, &items, &policy).await {
@@ -114,7 +111,7 @@ impl Outbox for PostgresStore {
         .map_err(|e| inner.error(e))
     }
 
-    async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>, StoreError> {
+    async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>> {
         let token = LeaseToken::generate();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let params: [&(dyn ToSql + Sync); 3] = [&token.0, &lease.as_secs_f64(), &limit];
@@ -137,12 +134,7 @@ impl Outbox for PostgresStore {
             .collect())
     }
 
-    async fn settle(
-        &self,
-        id: i64,
-        token: &LeaseToken,
-        settle: Settle,
-    ) -> Result<bool, StoreError> {
+    async fn settle(&self, id: i64, token: &LeaseToken, settle: Settle) -> Result<bool> {
         let (state, wait, status, error) = match settle {
             Settle::Delivered { status } => (JobState::Delivered, 0.0, Some(status), None),
             Settle::Retry {
@@ -158,7 +150,7 @@ impl Outbox for PostgresStore {
         Ok(self.inner.execute(SETTLE, &params).await? == 1)
     }
 
-    async fn jobs(&self, filter: JobFilter, limit: usize) -> Result<Vec<JobSummary>, StoreError> {
+    async fn jobs(&self, filter: JobFilter, limit: usize) -> Result<Vec<JobSummary>> {
         let (clause, args) = filter_sql(&filter);
         let sql = format!(
             "SELECT id, provider, event_key, state, attempts, received_at, due_at, last_status,
@@ -184,7 +176,7 @@ impl Outbox for PostgresStore {
             .collect())
     }
 
-    async fn replay(&self, filter: JobFilter) -> Result<u64, StoreError> {
+    async fn replay(&self, filter: JobFilter) -> Result<u64> {
         let (clause, args) = filter_sql(&filter);
         self.execute(
             &format!(
@@ -197,7 +189,7 @@ impl Outbox for PostgresStore {
         .await
     }
 
-    async fn purge(&self, filter: JobFilter) -> Result<u64, StoreError> {
+    async fn purge(&self, filter: JobFilter) -> Result<u64> {
         let (clause, args) = filter_sql(&filter);
         self.execute(
             &format!("DELETE FROM hookgate_outbox WHERE {clause}"),
@@ -206,7 +198,7 @@ impl Outbox for PostgresStore {
         .await
     }
 
-    async fn depth(&self) -> Result<Vec<Depth>, StoreError> {
+    async fn depth(&self) -> Result<Vec<Depth>> {
         let inner = &self.inner;
         let client = inner.client().await?;
         let rows = client.query(DEPTH, &[]).await.map_err(|e| inner.error(e))?;
@@ -225,7 +217,7 @@ impl Outbox for PostgresStore {
 }
 
 impl PostgresStore {
-    async fn execute(&self, sql: &str, args: &[FilterValue]) -> Result<u64, StoreError> {
+    async fn execute(&self, sql: &str, args: &[FilterValue]) -> Result<u64> {
         self.inner.execute(sql, &params(args)).await
     }
 }

@@ -23,6 +23,7 @@ use redis::{ErrorKind, RedisError, Script};
 
 use self::connection::{Conn, Link};
 
+use super::Result;
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 
 /// Reads a live key as {state, fingerprint, PTTL, status, content type,
@@ -116,7 +117,7 @@ impl RedisStore {
     /// not built in yet). No connection is made here: opening succeeds while
     /// redis is down, and each operation connects (or reconnects) as needed,
     /// each attempt bounded by `op_timeout`.
-    pub async fn open(url: &str, prefix: &str, op_timeout: Duration) -> Result<Self, StoreError> {
+    pub async fn open(url: &str, prefix: &str, op_timeout: Duration) -> Result<Self> {
         let secret = password_of(url);
         let link = Link::single(url, op_timeout).map_err(|e| unavailable(&e, secret.as_deref()))?;
         Ok(Self::on(link, prefix, secret))
@@ -131,7 +132,7 @@ impl RedisStore {
         seeds: &[String],
         prefix: &str,
         op_timeout: Duration,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self> {
         let secret = seeds.iter().find_map(|url| password_of(url));
         let link =
             Link::cluster(seeds, op_timeout).map_err(|e| unavailable(&e, secret.as_deref()))?;
@@ -167,7 +168,7 @@ impl RedisStore {
     }
 
     /// A connection for one operation.
-    async fn conn(&self) -> Result<Conn, StoreError> {
+    async fn conn(&self) -> Result<Conn> {
         self.link.conn().await.map_err(|e| self.error(e))
     }
 
@@ -185,12 +186,7 @@ impl RedisStore {
 }
 
 impl Backend for RedisStore {
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &str,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
         let token = LeaseToken::generate();
         let fields: Fields = SCRIPTS
             .claim
@@ -214,7 +210,7 @@ impl Backend for RedisStore {
         token: &LeaseToken,
         snapshot: &Snapshot,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool> {
         let acted: i64 = SCRIPTS
             .complete
             .key(self.key(key))
@@ -235,7 +231,7 @@ impl Backend for RedisStore {
         Ok(acted == 1)
     }
 
-    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
+    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool> {
         let acted: i64 = SCRIPTS
             .release
             .key(self.key(key))
@@ -246,7 +242,7 @@ impl Backend for RedisStore {
         Ok(acted == 1)
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
+    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>> {
         let fields: Fields = SCRIPTS
             .get
             .key(self.key(key))
@@ -260,7 +256,7 @@ impl Backend for RedisStore {
         Ok(Some(KeyRecord { fingerprint, state }))
     }
 
-    async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+    async fn forget(&self, key: &ScopedKey) -> Result<bool> {
         let deleted: i64 = redis::cmd("DEL")
             .arg(self.key(key))
             .query_async(&mut self.conn().await?)
@@ -269,7 +265,7 @@ impl Backend for RedisStore {
         Ok(deleted > 0)
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<()> {
         redis::cmd("PING")
             .query_async::<String>(&mut self.conn().await?)
             .await
@@ -279,7 +275,7 @@ impl Backend for RedisStore {
 }
 
 /// Turns `READ_STATE`'s fields into (fingerprint, state).
-fn decode(fields: Fields) -> Result<(String, Existing), StoreError> {
+fn decode(fields: Fields) -> Result<(String, Existing)> {
     let mut fields = fields.into_iter();
     let mut next = || fields.next().flatten();
     let (state, fingerprint, pttl) = (next(), next(), next());

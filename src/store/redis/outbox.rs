@@ -59,6 +59,7 @@ use self::scripts::SCRIPTS;
 pub(super) use self::shard::Shard;
 use self::shard::share;
 use super::{Fields, RedisStore, decode, millis};
+use crate::store::Result;
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, Job, JobFilter, JobState, JobSummary, Outbox, Settle,
 };
@@ -75,15 +76,11 @@ impl Outbox for RedisStore {
     /// `appendonly yes` with `appendfsync always` for every acknowledged
     /// accept, `everysec` for all but the last second. Nothing the client
     /// can switch on, so this only documents it (README, redis store).
-    async fn require_durable_commits(&self) -> Result<(), StoreError> {
+    async fn require_durable_commits(&self) -> Result<()> {
         Ok(())
     }
 
-    async fn accept(
-        &self,
-        items: Vec<Accept>,
-        policy: AcceptPolicy,
-    ) -> Result<Vec<Accepted>, StoreError> {
+    async fn accept(&self, items: Vec<Accept>, policy: AcceptPolicy) -> Result<Vec<Accepted>> {
         if let Some(item) = items.iter().find(|i| !self.queue.contains(&i.key.provider)) {
             return Err(StoreError::Unavailable(format!(
                 "redis: provider {} is not in queue mode on this store",
@@ -117,7 +114,7 @@ impl Outbox for RedisStore {
         Ok(outcomes)
     }
 
-    async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>, StoreError> {
+    async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>> {
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -170,12 +167,7 @@ impl Outbox for RedisStore {
         }
     }
 
-    async fn settle(
-        &self,
-        id: i64,
-        token: &LeaseToken,
-        settle: Settle,
-    ) -> Result<bool, StoreError> {
+    async fn settle(&self, id: i64, token: &LeaseToken, settle: Settle) -> Result<bool> {
         let Some(shard) = Shard::of_job(id) else {
             return Ok(false);
         };
@@ -206,7 +198,7 @@ impl Outbox for RedisStore {
         Ok(acted == 1)
     }
 
-    async fn jobs(&self, filter: JobFilter, limit: usize) -> Result<Vec<JobSummary>, StoreError> {
+    async fn jobs(&self, filter: JobFilter, limit: usize) -> Result<Vec<JobSummary>> {
         let mut all = Vec::new();
         for rows in self.scan::<Vec<Row>>(&filter, "list", limit).await? {
             for row in rows {
@@ -218,17 +210,17 @@ impl Outbox for RedisStore {
         Ok(all)
     }
 
-    async fn replay(&self, filter: JobFilter) -> Result<u64, StoreError> {
+    async fn replay(&self, filter: JobFilter) -> Result<u64> {
         let counts = self.scan::<u64>(&filter, "replay", 0).await?;
         Ok(counts.into_iter().sum())
     }
 
-    async fn purge(&self, filter: JobFilter) -> Result<u64, StoreError> {
+    async fn purge(&self, filter: JobFilter) -> Result<u64> {
         let counts = self.scan::<u64>(&filter, "purge", 0).await?;
         Ok(counts.into_iter().sum())
     }
 
-    async fn depth(&self) -> Result<Vec<Depth>, StoreError> {
+    async fn depth(&self) -> Result<Vec<Depth>> {
         let conn = &self.conn().await?;
         let shards = try_join_all(Shard::all().map(|shard| async move {
             let mut call = SCRIPTS.depth.prepare_invoke();
@@ -270,7 +262,7 @@ impl RedisStore {
         members: &[usize],
         policy: &AcceptPolicy,
         write: bool,
-    ) -> Result<(bool, Vec<Fields>), StoreError> {
+    ) -> Result<(bool, Vec<Fields>)> {
         let answer = &policy.answer;
         let flag = |on: bool| if on { "1" } else { "0" };
         let mut call = SCRIPTS.accept.prepare_invoke();
@@ -323,7 +315,7 @@ impl RedisStore {
         filter: &JobFilter,
         op: &str,
         limit: usize,
-    ) -> Result<Vec<T>, StoreError> {
+    ) -> Result<Vec<T>> {
         let shards: Vec<Shard> = match (&filter.provider, &filter.key) {
             (Some(p), Some(k)) => vec![Shard::of(&ScopedKey::new(p.as_str(), k.as_str()))],
             _ => Shard::all().collect(),
@@ -371,7 +363,7 @@ fn fill(
     found: Vec<Fields>,
     items: &[Accept],
     policy: &AcceptPolicy,
-) -> Result<bool, StoreError> {
+) -> Result<bool> {
     let mut blocked = false;
     for (&n, fields) in members.iter().zip(found) {
         let outcome = if fields.is_empty() {

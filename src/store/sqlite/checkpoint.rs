@@ -25,6 +25,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 use super::owned_thread::OwnedThread;
+use crate::store::Result;
 use crate::store::StoreError;
 
 pub(super) struct CheckpointThread {
@@ -38,7 +39,7 @@ impl CheckpointThread {
         conn: Connection,
         interval: Duration,
         restart_frames: i64,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self> {
         let mut conn = conn;
         // The store's thread takes the write lock again within microseconds
         // of a commit: a RESTART must poll for the gap (see

@@ -19,6 +19,7 @@ use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, pa
 use self::checkpoint::CheckpointThread;
 use self::store_thread::{Chore, StoreThread};
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
+use crate::store::Result;
 
 /// `expires_at` is the lease end while in flight and the retention end once
 /// completed, so one indexed column tells the purge (and every read) which
@@ -107,7 +108,7 @@ impl SqliteStore {
     /// store's thread (with the background purge) and the checkpoint
     /// thread. The parent directory must exist: creating it would hide a
     /// mistyped path until the data is found missing.
-    pub async fn open(path: &Path) -> Result<Self, StoreError> {
+    pub async fn open(path: &Path) -> Result<Self> {
         let owned = path.to_owned();
         let (serving, checkpointing) = tokio::task::spawn_blocking(move || {
             Ok::<_, StoreError>((open_connection(&owned)?, Connection::open(&owned)?))
@@ -132,7 +133,7 @@ impl SqliteStore {
 
     /// Deletes every expired row now, in batches; returns how many. The
     /// store's thread does this on its own every 30 s.
-    pub async fn purge_expired(&self) -> Result<u64, StoreError> {
+    pub async fn purge_expired(&self) -> Result<u64> {
         let mut total = 0;
         loop {
             // One job per batch, so claims queued meanwhile interleave.
@@ -146,8 +147,8 @@ impl SqliteStore {
 
     async fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         self.thread.run(f).await
     }
 }
@@ -159,7 +160,7 @@ impl SqliteStore {
 /// (docs/BENCHMARKS.md, Memory).
 const CACHE_KIB: i64 = -512;
 
-fn open_connection(path: &Path) -> Result<Connection, StoreError> {
+fn open_connection(path: &Path) -> Result<Connection> {
     // SQLite itself would only say "unable to open database file".
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.is_dir()
@@ -204,7 +205,7 @@ fn open_connection(path: &Path) -> Result<Connection, StoreError> {
 }
 
 /// Deletes one batch of expired rows; returns how many.
-fn purge_batch(c: &mut Connection) -> Result<usize, StoreError> {
+fn purge_batch(c: &mut Connection) -> Result<usize> {
     let now = now_ms();
     let mut stmt = c.prepare_cached(
         "DELETE FROM processed_events WHERE rowid IN (
@@ -220,12 +221,7 @@ fn purge_batch(c: &mut Connection) -> Result<usize, StoreError> {
 
 /// The claim's read and write, inside a transaction that holds the write
 /// lock.
-fn claim_in(
-    c: &Connection,
-    key: &ScopedKey,
-    fingerprint: &str,
-    lease: Duration,
-) -> Result<Claim, StoreError> {
+fn claim_in(c: &Connection, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
     let now = now_ms();
     if let Some(row) = select_live(c, key, now)? {
         let stored = row.fingerprint.clone();
@@ -249,7 +245,7 @@ fn claim_in(
     Ok(Claim::Fresh(token))
 }
 
-fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>, StoreError> {
+fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>> {
     let mut stmt = c.prepare_cached(SELECT_LIVE)?;
     let row = stmt
         .query_row(params![key.provider, key.key, now], |r| {
@@ -268,7 +264,7 @@ fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>,
 }
 
 impl Row {
-    fn existing(self, now: i64) -> Result<Existing, StoreError> {
+    fn existing(self, now: i64) -> Result<Existing> {
         match self.state.as_str() {
             "in_flight" => {
                 let remaining = self.lease_expires_at.unwrap_or(now).saturating_sub(now);
@@ -296,12 +292,7 @@ impl Row {
 }
 
 impl Backend for SqliteStore {
-    async fn claim(
-        &self,
-        key: &ScopedKey,
-        fingerprint: &str,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
         let (key, fingerprint) = (key.clone(), fingerprint.to_owned());
         self.run(move |c| {
             if !c.is_autocommit() {
@@ -326,7 +317,7 @@ impl Backend for SqliteStore {
         token: &LeaseToken,
         snapshot: &Snapshot,
         retention: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool> {
         let (key, token, snapshot) = (key.clone(), token.clone(), snapshot.clone());
         self.run(move |c| {
             let now = now_ms();
@@ -357,7 +348,7 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool, StoreError> {
+    async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool> {
         let (key, token) = (key.clone(), token.clone());
         self.run(move |c| {
             let changed = c
@@ -372,7 +363,7 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>, StoreError> {
+    async fn get(&self, key: &ScopedKey) -> Result<Option<KeyRecord>> {
         let key = key.clone();
         self.run(move |c| {
             let now = now_ms();
@@ -387,7 +378,7 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn forget(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+    async fn forget(&self, key: &ScopedKey) -> Result<bool> {
         let key = key.clone();
         self.run(move |c| {
             // An expired row counts as absent; the purge removes it.
@@ -402,7 +393,7 @@ impl Backend for SqliteStore {
         .await
     }
 
-    async fn ping(&self) -> Result<(), StoreError> {
+    async fn ping(&self) -> Result<()> {
         self.run(|c| {
             c.query_row("SELECT 1 FROM processed_events LIMIT 1", [], |_| Ok(()))
                 .optional()?;

@@ -8,11 +8,12 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, Row as SqlRow, TransactionBehavior, params, params_from_iter};
 
 use super::{SqliteStore, after, now_ms, select_live};
+use crate::store::Result;
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, FilterValue, Job, JobFilter, JobState, JobSummary,
     NewJob, Outbox, Settle,
 };
-use crate::store::{LeaseToken, ScopedKey, StoreError};
+use crate::store::{LeaseToken, ScopedKey};
 
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS outbox (
@@ -39,7 +40,7 @@ CREATE INDEX IF NOT EXISTS outbox_key ON outbox (provider, event_key);
 ";
 
 /// Deletes one batch of delivered jobs past their retention.
-pub(super) fn purge_batch(c: &mut Connection, now: i64, limit: i64) -> Result<usize, StoreError> {
+pub(super) fn purge_batch(c: &mut Connection, now: i64, limit: i64) -> Result<usize> {
     let mut stmt = c.prepare_cached(
         "DELETE FROM outbox WHERE rowid IN (
              SELECT rowid FROM outbox WHERE state = 'delivered' AND expires_at <= ?1 LIMIT ?2)",
@@ -50,7 +51,7 @@ pub(super) fn purge_batch(c: &mut Connection, now: i64, limit: i64) -> Result<us
 impl Outbox for SqliteStore {
     /// Commits are on disk (fsync) before they are answered: queue mode
     /// answers 202 once its accept is durable, power loss included.
-    async fn require_durable_commits(&self) -> Result<(), StoreError> {
+    async fn require_durable_commits(&self) -> Result<()> {
         self.run(|c| Ok(c.pragma_update(None, "synchronous", "FULL")?))
             .await
     }
@@ -58,11 +59,7 @@ impl Outbox for SqliteStore {
     /// Records the dedupe entry and the job of every new event, in one
     /// transaction, unless an event is held by a delivery in flight or (per
     /// `policy`) arrived with a changed payload: then nothing is recorded.
-    async fn accept(
-        &self,
-        items: Vec<Accept>,
-        policy: AcceptPolicy,
-    ) -> Result<Vec<Accepted>, StoreError> {
+    async fn accept(&self, items: Vec<Accept>, policy: AcceptPolicy) -> Result<Vec<Accepted>> {
         self.run(move |c| {
             if !c.is_autocommit() {
                 // Inside the store thread's batch, which holds the lock.
@@ -77,7 +74,7 @@ impl Outbox for SqliteStore {
     }
 
     /// Leases up to `limit` due jobs for `lease`.
-    async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>, StoreError> {
+    async fn take_due(&self, lease: Duration, limit: usize) -> Result<Vec<Job>> {
         self.run(move |c| {
             let now = now_ms();
             let token = LeaseToken::generate();
@@ -112,12 +109,7 @@ impl Outbox for SqliteStore {
     }
 
     /// Records how an attempt ended, if `token` still holds the job.
-    async fn settle(
-        &self,
-        id: i64,
-        token: &LeaseToken,
-        settle: Settle,
-    ) -> Result<bool, StoreError> {
+    async fn settle(&self, id: i64, token: &LeaseToken, settle: Settle) -> Result<bool> {
         let token = token.clone();
         self.run(move |c| {
             let now = now_ms();
@@ -144,7 +136,7 @@ impl Outbox for SqliteStore {
     }
 
     /// The jobs `filter` selects, newest first, at most `limit`.
-    async fn jobs(&self, filter: JobFilter, limit: usize) -> Result<Vec<JobSummary>, StoreError> {
+    async fn jobs(&self, filter: JobFilter, limit: usize) -> Result<Vec<JobSummary>> {
         self.run(move |c| {
             let (clause, args) = filter_sql(&filter);
             let sql = format!(
@@ -163,7 +155,7 @@ impl Outbox for SqliteStore {
     /// Puts the jobs `filter` selects back to pending, due now, as a new
     /// series of attempts; returns how many. The dedupe record is not
     /// consulted: a replay is an operator's decision.
-    async fn replay(&self, filter: JobFilter) -> Result<u64, StoreError> {
+    async fn replay(&self, filter: JobFilter) -> Result<u64> {
         self.run(move |c| {
             let (clause, mut args) = filter_sql(&filter);
             args.push(Value::Integer(now_ms()));
@@ -179,7 +171,7 @@ impl Outbox for SqliteStore {
     }
 
     /// Deletes the jobs `filter` selects; returns how many.
-    async fn purge(&self, filter: JobFilter) -> Result<u64, StoreError> {
+    async fn purge(&self, filter: JobFilter) -> Result<u64> {
         self.run(move |c| {
             let (clause, args) = filter_sql(&filter);
             let sql = format!("DELETE FROM outbox WHERE {clause}");
@@ -189,7 +181,7 @@ impl Outbox for SqliteStore {
     }
 
     /// Pending (leased or not) and dead jobs per provider.
-    async fn depth(&self) -> Result<Vec<Depth>, StoreError> {
+    async fn depth(&self) -> Result<Vec<Depth>> {
         self.run(|c| {
             let now = now_ms();
             let mut stmt = c.prepare_cached(
@@ -216,11 +208,7 @@ impl Outbox for SqliteStore {
 }
 
 /// The accept's reads, then (when nothing stands in the way) its writes.
-fn accept_in(
-    c: &Connection,
-    items: &[Accept],
-    policy: &AcceptPolicy,
-) -> Result<Vec<Accepted>, StoreError> {
+fn accept_in(c: &Connection, items: &[Accept], policy: &AcceptPolicy) -> Result<Vec<Accepted>> {
     let now = now_ms();
     let mut outcomes = Vec::with_capacity(items.len());
     let mut blocked = false;

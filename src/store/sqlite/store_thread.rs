@@ -20,6 +20,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use super::owned_thread::{OwnedThread, Queue};
+use crate::store::Result;
 use crate::store::StoreError;
 
 /// Answers a job's caller, given whether its transaction committed.
@@ -50,7 +51,7 @@ const QUEUE_CAPACITY: usize = 1024;
 /// alternate, so neither a long purge nor a busy queue starves the other.
 pub(super) struct Chore {
     pub every: Duration,
-    pub round: fn(&mut Connection) -> Result<bool, StoreError>,
+    pub round: fn(&mut Connection) -> Result<bool>,
     /// What the log says when a round fails.
     pub failure: &'static str,
 }
@@ -60,7 +61,7 @@ pub(super) struct StoreThread {
 }
 
 impl StoreThread {
-    pub(super) fn spawn(name: &str, conn: Connection, chore: Chore) -> Result<Self, StoreError> {
+    pub(super) fn spawn(name: &str, conn: Connection, chore: Chore) -> Result<Self> {
         let serving = move |jobs: Queue<Job>| serve(conn, &jobs, &chore);
         let thread = OwnedThread::spawn(name, QUEUE_CAPACITY, serving)
             .map_err(|e| StoreError::Unavailable(format!("sqlite: cannot start a thread: {e}")))?;
@@ -75,8 +76,8 @@ impl StoreThread {
     /// `QUEUE_CAPACITY` jobs wait, the caller waits for a place first.
     pub(super) async fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
-    ) -> Result<T, StoreError> {
+        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         let (answer, answered) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             // The caller gave up (the store's operation timeout): its answer
@@ -234,7 +235,7 @@ mod tests {
         let conn = Connection::open_in_memory().unwrap();
         let thread = StoreThread::spawn("sqlite-t-panic", conn, idle_chore()).unwrap();
         let err = thread
-            .run(|_| -> Result<(), StoreError> { panic!("boom") })
+            .run(|_| -> Result<()> { panic!("boom") })
             .await
             .unwrap_err();
         assert!(err.to_string().contains("panicked"), "{err}");

@@ -3,13 +3,14 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::super::Fields;
+use crate::store::Result;
 use crate::store::outbox::{Job, JobState, JobSummary, NewJob};
 use crate::store::{LeaseToken, ScopedKey, StoreError};
 
 /// One job (or summary) a script answered, field by field.
 pub(super) type Row = Fields;
 
-pub(super) fn job(row: Row, token: &LeaseToken) -> Result<Job, StoreError> {
+pub(super) fn job(row: Row, token: &LeaseToken) -> Result<Job> {
     let mut fields = row.into_iter();
     let mut next = || fields.next().flatten();
     let id = number(next(), "job id")?;
@@ -31,7 +32,7 @@ pub(super) fn job(row: Row, token: &LeaseToken) -> Result<Job, StoreError> {
     })
 }
 
-pub(super) fn summary(row: Row) -> Result<JobSummary, StoreError> {
+pub(super) fn summary(row: Row) -> Result<JobSummary> {
     let mut fields = row.into_iter();
     let mut next = || fields.next().flatten();
     let id = number(next(), "job id")?;
@@ -50,15 +51,12 @@ pub(super) fn summary(row: Row) -> Result<JobSummary, StoreError> {
     })
 }
 
-pub(super) fn text(field: Option<Vec<u8>>, name: &str) -> Result<String, StoreError> {
+pub(super) fn text(field: Option<Vec<u8>>, name: &str) -> Result<String> {
     String::from_utf8(field.unwrap_or_default())
         .map_err(|_| StoreError::Corrupt(format!("redis: a job's {name} is not UTF-8")))
 }
 
-pub(super) fn number<T: std::str::FromStr>(
-    field: Option<Vec<u8>>,
-    name: &str,
-) -> Result<T, StoreError> {
+pub(super) fn number<T: std::str::FromStr>(field: Option<Vec<u8>>, name: &str) -> Result<T> {
     text(field, name)?
         .parse()
         .map_err(|_| StoreError::Corrupt(format!("redis: a job's {name} is not a number")))
