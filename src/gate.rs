@@ -14,6 +14,7 @@ use crate::secret::{RELOAD_INTERVAL, SecretSet};
 use crate::settings::{Mode, ProviderSettings, Settings};
 use crate::store::Store;
 use crate::store::outbox::Outbox;
+use crate::telemetry::trace::Traces;
 use crate::tls::ReloadingCert;
 use crate::upstream::Upstream;
 
@@ -31,6 +32,8 @@ pub struct Gate {
     pub store: Arc<Store>,
     pub upstream: Upstream,
     pub metrics: Arc<Metrics>,
+    /// The delivery traces' exporter, when traces are on.
+    pub traces: Option<Traces>,
     pub source_limit: Option<SourceLimit>,
     /// The listener's certificate, when it serves TLS.
     pub tls: Option<Arc<ReloadingCert>>,
@@ -51,6 +54,12 @@ impl Gate {
     /// logged, and a provider with no usable secret refuses every delivery.
     pub async fn build(settings: Settings) -> Result<Arc<Self>, StartError> {
         let metrics = Arc::new(Metrics::new(&settings.telemetry)?);
+        let traces = settings
+            .telemetry
+            .traces
+            .as_ref()
+            .map(Traces::start)
+            .transpose()?;
         let upstream = Upstream::new(&settings.upstream, Arc::clone(&metrics))?;
         let tls = match &settings.server.tls {
             Some(files) => Some(ReloadingCert::load(files.clone())?),
@@ -109,6 +118,7 @@ impl Gate {
             routes,
             store,
             metrics,
+            traces,
             inflight: Arc::default(),
             marks,
             relay_wakeup: Notify::new(),

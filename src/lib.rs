@@ -93,6 +93,9 @@ impl Running {
             );
         }
         self.gate.metrics.shutdown().await;
+        if let Some(traces) = &self.gate.traces {
+            traces.shutdown().await;
+        }
     }
 }
 

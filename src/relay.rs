@@ -5,7 +5,10 @@
 //! `max_age` run out; else retried with capped exponential backoff and
 //! jitter, or after the app's `Retry-After` when that is later. Delivery is
 //! at least once: a gate that dies mid-attempt leaves its lease to expire,
-//! and the job is attempted again. No ordering is promised.
+//! and the job is attempted again. No ordering is promised. With traces
+//! on, each attempt is a span in the delivery's trace, the child of the
+//! accept span that the job's `traceparent` names, and the app's
+//! `traceparent` names the attempt.
 
 mod policy;
 
@@ -23,6 +26,7 @@ use crate::gate::Gate;
 use crate::settings::Mode;
 use crate::store::StoreError;
 use crate::store::outbox::{Job, Outbox, Settle};
+use crate::telemetry::trace::StageSpan;
 use crate::upstream::UpstreamError;
 
 pub use self::policy::decide;
@@ -141,8 +145,15 @@ async fn attempt(gate: Arc<Gate>, job: Job) {
         .iter()
         .find(|p| p.settings.name == job.key.provider);
     let started = std::time::Instant::now();
+    let mut headers = parse_header_block(&job.job.headers);
+    let mut span = match &gate.traces {
+        Some(traces) => {
+            traces.relay_attempt(&job.key.provider, &job.key.key, job.attempt, &mut headers)
+        }
+        None => StageSpan::OFF,
+    };
     let answer = match provider {
-        Some(p) => send(&gate, &p.settings.name, &job).await,
+        Some(p) => send(&gate, &p.settings.name, &job, headers).await,
         None => Err(UpstreamError::Other(format!(
             "provider {} is no longer configured",
             job.key.provider
@@ -168,6 +179,8 @@ async fn attempt(gate: Arc<Gate>, job: Job) {
         Settle::Retry { .. } => "retry",
         Settle::Dead { .. } => "dead",
     };
+    span.settled(outcome);
+    span.answered(&answer);
     let metrics = &gate.metrics;
     metrics.relay_attempt(&job.key.provider, outcome);
     match &settle {
@@ -193,13 +206,15 @@ async fn attempt(gate: Arc<Gate>, job: Job) {
     }
 }
 
+/// Sends the job with `headers`, its header block as parsed (with the
+/// attempt's `traceparent`, when traces are on).
 async fn send(
     gate: &Gate,
     provider: &str,
     job: &Job,
+    mut headers: HeaderMap,
 ) -> Result<crate::upstream::Buffered, UpstreamError> {
     let uri = gate.upstream.target(&job.job.target)?;
-    let mut headers = parse_header_block(&job.job.headers);
     headers.insert(ATTEMPT, HeaderValue::from(job.attempt));
     let method = Method::from_bytes(job.job.method.as_bytes()).unwrap_or(Method::POST);
     let mut req = Request::new(body::full(job.job.body.clone()));

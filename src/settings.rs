@@ -41,6 +41,19 @@ pub struct Faults {
 pub struct TelemetrySettings {
     /// OTLP export of the metrics, besides `/metrics`.
     pub otlp: Option<OtlpSettings>,
+    /// OTLP export of the delivery traces; `None` is off, and then no span
+    /// is made.
+    pub traces: Option<TraceSettings>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TraceSettings {
+    /// The full traces URL (`.../v1/traces`).
+    pub endpoint: Uri,
+    /// The share of new traces kept, in (0, 1]; a sender's sampled or
+    /// unsampled trace is followed whatever it is.
+    pub sample_ratio: f64,
+    pub timeout: Duration,
 }
 
 #[derive(Clone, Debug)]

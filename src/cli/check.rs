@@ -53,6 +53,17 @@ pub fn check(settings: &Settings, config: Option<&Path>) -> ExitCode {
             duration(otlp.interval)
         );
     }
+    match &settings.telemetry.traces {
+        Some(traces) => println!(
+            "traces: pushed over OTLP/HTTP to {}, {} of new traces kept (a sender's sampled trace always)",
+            traces.endpoint,
+            share(traces.sample_ratio)
+        ),
+        None if settings.telemetry.otlp.is_some() => println!(
+            "traces: off (telemetry.trace_sample_ratio = 0, or otlp_endpoint has a path of its own: set otlp_traces_endpoint)"
+        ),
+        None => {}
+    }
     for p in &settings.providers {
         problems += provider(p);
     }
@@ -203,6 +214,11 @@ fn describe_store(settings: &Settings) -> String {
         duration(settings.dedupe.lease),
         size(settings.dedupe.max_response_bytes as u64)
     )
+}
+
+/// A sampling ratio as a percentage: "100%", "10%", "0.5%".
+fn share(ratio: f64) -> String {
+    format!("{}%", (ratio * 1e5).round() / 1e3)
 }
 
 #[cfg(test)]

@@ -119,7 +119,7 @@ impl Default for UpstreamFile {
     }
 }
 
-/// `[telemetry]`: where metrics go besides `/metrics`.
+/// `[telemetry]`: where metrics go besides `/metrics`, and traces.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryFile {
@@ -127,6 +127,12 @@ pub struct TelemetryFile {
     pub otlp_endpoint: Option<String>,
     pub otlp_interval: String,
     pub otlp_timeout: String,
+    /// Where traces go when not beside the metrics (`otlp_endpoint` with a
+    /// path of its own).
+    pub otlp_traces_endpoint: Option<String>,
+    /// The share of deliveries without a sender's trace that are traced;
+    /// 0 turns traces off.
+    pub trace_sample_ratio: f64,
 }
 
 impl Default for TelemetryFile {
@@ -135,6 +141,8 @@ impl Default for TelemetryFile {
             otlp_endpoint: None,
             otlp_interval: "60s".into(),
             otlp_timeout: "10s".into(),
+            otlp_traces_endpoint: None,
+            trace_sample_ratio: 1.0,
         }
     }
 }

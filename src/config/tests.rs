@@ -180,6 +180,67 @@ fn otlp_export_is_off_by_default_and_takes_a_collector_url() {
 }
 
 #[test]
+fn traces_go_beside_the_metrics_and_sample_every_delivery_by_default() {
+    let s = load(&figment_from_str(STRIPE)).unwrap();
+    assert!(s.telemetry.traces.is_none(), "no endpoint, no traces");
+
+    let traces = |telemetry: &str| {
+        let toml = format!("[telemetry]\n{telemetry}\n{STRIPE}");
+        let s = load(&figment_from_str(&toml)).unwrap();
+        s.telemetry
+            .traces
+            .map(|t| (t.endpoint.to_string(), t.sample_ratio))
+    };
+    let at = |url: &str| (url.to_owned(), 1.0);
+    assert_eq!(
+        traces("otlp_endpoint = \"http://collector:4318\""),
+        Some(at("http://collector:4318/v1/traces"))
+    );
+    assert_eq!(
+        traces("otlp_endpoint = \"https://otel.example/gw/v1/metrics\""),
+        Some(at("https://otel.example/gw/v1/traces"))
+    );
+    assert_eq!(
+        traces("otlp_endpoint = \"https://otel.example/custom/path\""),
+        None,
+        "a path of its own says nothing of the traces' URL"
+    );
+    assert_eq!(
+        traces(
+            "otlp_endpoint = \"https://otel.example/custom/path\"\notlp_traces_endpoint = \"https://otel.example/t\""
+        ),
+        Some(at("https://otel.example/t"))
+    );
+    assert_eq!(
+        traces("otlp_endpoint = \"http://collector:4318\"\ntrace_sample_ratio = 0.25"),
+        Some(("http://collector:4318/v1/traces".to_owned(), 0.25))
+    );
+    assert_eq!(
+        traces("otlp_endpoint = \"http://collector:4318\"\ntrace_sample_ratio = 0"),
+        None,
+        "0 turns traces off"
+    );
+
+    for bad in ["1.5", "-0.1", "nan"] {
+        let errs = errors(&format!(
+            "[telemetry]\notlp_endpoint = \"http://c:4318\"\ntrace_sample_ratio = {bad}\n{STRIPE}"
+        ));
+        let text = errors_text(&errs);
+        assert!(
+            text.contains("telemetry.trace_sample_ratio"),
+            "{bad}: {text}"
+        );
+    }
+    let errs = errors(&format!(
+        "[telemetry]\notlp_traces_endpoint = \"collector\"\n{STRIPE}"
+    ));
+    assert!(
+        errors_text(&errs).contains("telemetry.otlp_traces_endpoint: `collector` is not a URL"),
+        "{errs:?}"
+    );
+}
+
+#[test]
 fn secret_tables_take_not_after() {
     let s = load(&figment_from_str(
         r#"

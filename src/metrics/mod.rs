@@ -20,6 +20,7 @@ use crate::store::PartitionHealth;
 // Every declared metric, by name: a new one needs no import.
 use self::catalog::*;
 use self::labels::{Labels, Value};
+pub(crate) use self::otlp::ExportClient;
 use self::otlp::Otlp;
 pub use self::otlp::OtlpError;
 use self::prometheus::Prometheus;

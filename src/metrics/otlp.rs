@@ -157,7 +157,8 @@ impl Recorder for Otlp {
     }
 }
 
-/// The exporter's HTTP client: the gate's own hyper client (rustls, system
+/// The exporters' HTTP client (metrics here, traces in
+/// `crate::telemetry::trace`): the gate's own hyper client (rustls, system
 /// roots), driven on the gate's runtime.
 ///
 /// The SDK exports from its own thread and polls the export future with a
@@ -166,7 +167,7 @@ impl Recorder for Otlp {
 /// awaited there. opentelemetry-http's own hyper client assumes the caller
 /// is already inside tokio, and its reqwest clients would add a second HTTP
 /// stack to the binary.
-struct ExportClient {
+pub(crate) struct ExportClient {
     runtime: Handle,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     timeout: Duration,
@@ -181,7 +182,7 @@ impl fmt::Debug for ExportClient {
 }
 
 impl ExportClient {
-    fn new(timeout: Duration) -> Result<Self, OtlpError> {
+    pub(crate) fn new(timeout: Duration) -> Result<Self, OtlpError> {
         let runtime = Handle::try_current()
             .map_err(|_| OtlpError::Exporter("must start inside the tokio runtime".into()))?;
         let mut http = HttpConnector::new();

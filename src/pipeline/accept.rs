@@ -19,6 +19,7 @@ use crate::server::Conn;
 use crate::settings::{OnMismatch, ProviderSettings, QueueSettings};
 use crate::store::outbox::{Accept, AcceptPolicy, Accepted, NewJob, Outbox};
 use crate::store::{Existing, Snapshot, Store};
+use crate::telemetry::trace::StageSpan;
 use crate::telemetry::{Dedupe, Mismatch};
 
 /// What the stage needs of the gate.
@@ -27,6 +28,9 @@ pub struct AcceptContext<'a> {
     pub queue: &'a QueueSettings,
     /// Wakes the relay when jobs were added.
     pub relay: &'a Notify,
+    /// The accept stage's span: each job's `traceparent` names it, and the
+    /// relay's attempts are its children.
+    pub trace: &'a StageSpan,
 }
 
 /// The answer, and what the delivery log says of it.
@@ -50,7 +54,7 @@ pub async fn accept(
         .map(|id| Accept {
             key: id.key.clone(),
             fingerprint: id.fingerprint.clone(),
-            job: job(settings, request, conn, id, identities.len()),
+            job: job(settings, request, conn, id, identities.len(), cx.trace),
         })
         .collect();
     let policy = AcceptPolicy {
@@ -123,6 +127,7 @@ fn job(
     conn: Conn,
     id: &Identity,
     events: usize,
+    trace: &StageSpan,
 ) -> NewJob {
     let key = Some(id.key.clone());
     let payload = match &id.range {
@@ -140,7 +145,8 @@ fn job(
             Payload::Partial(batch, key)
         }
     };
-    let (headers, body) = forward::outgoing(settings, request, conn, payload);
+    let (mut headers, body) = forward::outgoing(settings, request, conn, payload);
+    trace.propagate(&mut headers);
     NewJob {
         method: request.head.method.to_string(),
         target: forward::target(settings, request),

@@ -11,6 +11,7 @@ use crate::body;
 use crate::server::Conn;
 use crate::settings::ProviderSettings;
 use crate::store::ScopedKey;
+use crate::telemetry::trace::StageSpan;
 use crate::upstream::{Buffered, Upstream, UpstreamError, strip_hop_by_hop};
 
 pub const EVENT_KEY: HeaderName = HeaderName::from_static("hookgate-event-key");
@@ -36,15 +37,18 @@ pub enum Payload {
 }
 
 /// Sends the delivery and reads the app's answer, within `upstream.timeout`.
+/// With traces on, the app's `traceparent` names `trace`, the forward span.
 pub async fn send(
     upstream: &Upstream,
     settings: &ProviderSettings,
     request: &Request,
     conn: Conn,
     payload: Payload,
+    trace: &StageSpan,
 ) -> Result<Buffered, UpstreamError> {
     let uri = upstream.target(&target(settings, request))?;
-    let (headers, body) = outgoing(settings, request, conn, payload);
+    let (mut headers, body) = outgoing(settings, request, conn, payload);
+    trace.propagate(&mut headers);
     let mut req = HttpRequest::new(body::full(body));
     *req.method_mut() = request.head.method.clone();
     *req.uri_mut() = uri;

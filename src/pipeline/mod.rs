@@ -16,8 +16,12 @@
 //! | finish | `finish.rs` | the marks, the held claims, the answer | the response and its [`Outcome`] |
 //!
 //! The runner below threads the values through and fills the delivery's
-//! [`DeliveryRecord`] from them; the record alone writes the log line and
-//! the counters. Queue mode will be another terminal stage after `claim`.
+//! [`DeliveryRecord`] from them; the record alone writes the log line, the
+//! counters and the delivery's span. Queue mode's `accept` is the terminal
+//! stage in place of `claim`. With traces on, verify, claim (or accept),
+//! forward and finish each get a span under the delivery's
+//! ([`crate::telemetry::trace`]); the forward span's (and accept's)
+//! context is what the app's `traceparent` names.
 
 mod accept;
 mod claim;
@@ -52,6 +56,7 @@ use crate::gate::{Gate, Provider};
 use crate::route::Route;
 use crate::server::Conn;
 use crate::settings::{Mode, ProviderSettings};
+use crate::telemetry::trace::Stage;
 use crate::telemetry::{DeliveryRecord, Outcome, Verification};
 
 /// Entry point for every request on the public listener.
@@ -108,6 +113,10 @@ async fn deliver(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let mut record = DeliveryRecord::new(&provider.settings.name, traceparent);
+    record.trace = gate
+        .traces
+        .as_ref()
+        .map(|traces| traces.delivery(&provider.settings.name, &head.headers));
     let run = stages(&gate, provider, conn, head, incoming, &mut record);
     let response = match AssertUnwindSafe(run).catch_unwind().await {
         Ok(Ok(response)) => response,
@@ -141,7 +150,8 @@ async fn stages(
     };
     limit::check(provider, &source, &head.headers)?;
     let request = read::read(&gate.settings.server, head, incoming).await?;
-    let verified = verify::verify(provider, &request)?;
+    let span = record.stage(Stage::Verify);
+    let verified = span.end(verify::verify(provider, &request))?;
     record.verification = Verification::Ok;
     record.secret_index = Some(verified.secret_index);
     let settings = &provider.settings;
@@ -164,12 +174,15 @@ async fn stages(
     };
     record.key = Some(Plan::label(&identities));
     if settings.mode == Mode::Queue {
+        let span = record.stage(Stage::Accept);
         let cx = AcceptContext {
             store: &gate.store,
             queue: &gate.settings.queue,
             relay: &gate.relay_wakeup,
+            trace: &span,
         };
-        let accepted = accept::accept(&cx, settings, &request, conn, &identities).await?;
+        let accepted = accept::accept(&cx, settings, &request, conn, &identities).await;
+        let accepted = span.end(accepted)?;
         record.dedupe = accepted.dedupe;
         record.mismatch = accepted.mismatch;
         record.outcome = if accepted.accepted {
@@ -184,7 +197,8 @@ async fn stages(
         inflight: &gate.inflight,
         lease: gate.settings.dedupe.lease,
     };
-    let claimed = claim::claim(&cx, settings, &request.body, &identities).await?;
+    let span = record.stage(Stage::Claim);
+    let claimed = span.end(claim::claim(&cx, settings, &request.body, &identities).await)?;
     record.dedupe = claimed.dedupe;
     record.mismatch = claimed.mismatch;
     let (held, partial) = match claimed.claims {
@@ -214,9 +228,13 @@ async fn send(
     payload: Payload,
     record: &mut DeliveryRecord,
 ) -> Result<Response<ProxyBody>, GateError> {
-    let answer = forward::send(&gate.upstream, settings, request, conn, payload).await;
+    let span = record.stage(Stage::Forward);
+    let answer = forward::send(&gate.upstream, settings, request, conn, payload, &span).await;
+    span.answered(&answer);
     record.upstream_status = answer.as_ref().ok().map(|a| a.parts.status.as_u16());
-    let (response, outcome) = finish::finish(&gate.marks, settings, held, answer).await?;
+    let span = record.stage(Stage::Finish);
+    let finished = finish::finish(&gate.marks, settings, held, answer).await;
+    let (response, outcome) = span.end(finished)?;
     record.outcome = outcome;
     Ok(response)
 }

@@ -1,14 +1,18 @@
-//! Logs: one typed record per delivery, written as one JSON line.
+//! Logs: one typed record per delivery, written as one JSON line; and the
+//! delivery's trace (`trace`).
 //!
 //! [`DeliveryRecord`] is the single place where a delivery's outcome is
-//! reported, so the log line and the counters cannot disagree.
+//! reported, so the log line, the counters and the span cannot disagree.
 
 use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
 
 mod json_line;
+pub mod trace;
 use json_line::JsonLine;
+
+use self::trace::{DeliverySpan, Stage, StageSpan};
 
 use crate::error::{GateError, Side};
 use crate::metrics::Metrics;
@@ -122,6 +126,8 @@ pub struct DeliveryRecord {
     pub detail: Option<String>,
     /// Which side a failure came from.
     pub side: Option<Side>,
+    /// The delivery's span, when traces are on.
+    pub trace: Option<DeliverySpan>,
 }
 
 impl DeliveryRecord {
@@ -139,6 +145,16 @@ impl DeliveryRecord {
             mismatch: None,
             detail: None,
             side: None,
+            trace: None,
+        }
+    }
+
+    /// A span for `stage`, a child of the delivery's; nothing when traces
+    /// are off.
+    pub fn stage(&self, stage: Stage) -> StageSpan {
+        match &self.trace {
+            Some(span) => span.stage(stage),
+            None => StageSpan::OFF,
         }
     }
 
@@ -167,10 +183,13 @@ impl DeliveryRecord {
         }
     }
 
-    /// Writes the delivery's log line (and a warning for an anomaly) and
-    /// counts it.
-    pub fn emit(self, metrics: &Metrics) {
+    /// Writes the delivery's log line (and a warning for an anomaly), counts
+    /// it and ends its span.
+    pub fn emit(mut self, metrics: &Metrics) {
         let elapsed = self.started.elapsed();
+        if let Some(span) = self.trace.take() {
+            span.end(&self);
+        }
         let outcome = self.outcome.as_str();
         metrics.delivery(&self.provider, outcome, elapsed);
         if let Some(index) = self.secret_index {

@@ -24,4 +24,5 @@ mod store_conformance;
 mod store_faults;
 mod support;
 mod tls;
+mod traces;
 mod verification;
