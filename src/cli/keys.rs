@@ -73,14 +73,7 @@ pub async fn keys(settings: &Settings, action: &KeysAction) -> ExitCode {
             }
         }),
     };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("store error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::store_exit(result)
 }
 
 /// The scoped keys `key` may mean, most likely first: normalized as the

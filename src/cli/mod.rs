@@ -345,3 +345,16 @@ async fn open_store(settings: &Settings) -> Result<Store, ExitCode> {
         ExitCode::FAILURE
     })
 }
+
+/// A store command's exit: 0 when it found what it was asked about, 1 when
+/// not (or the store failed, said on stderr).
+fn store_exit(result: crate::store::Result<bool>) -> ExitCode {
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("store error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -88,14 +88,7 @@ pub async fn queue(settings: &Settings, action: &QueueAction) -> ExitCode {
             true
         }),
     };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("store error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    super::store_exit(result)
 }
 
 fn filter(settings: &Settings, action: &QueueAction) -> Result<JobFilter, String> {

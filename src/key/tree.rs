@@ -39,33 +39,19 @@ impl<'a> Node<'a> {
 
     /// The value at an RFC 6901 pointer, resolved as `Value::pointer` does.
     pub fn pointer(&self, pointer: &str) -> Option<&Node<'a>> {
-        if pointer.is_empty() {
-            return Some(self);
-        }
-        pointer
-            .strip_prefix('/')?
-            .split('/')
-            .map(unescape_token)
-            .try_fold(self, |target, token| match target {
-                Node::Object(entries) => find(entries, &token).map(|i| &entries[i].1),
-                Node::Array(items) => array_index(&token).and_then(|i| items.get(i)),
-                _ => None,
-            })
+        tokens(pointer)?.try_fold(self, |target, token| match target {
+            Node::Object(entries) => find(entries, &token).map(|i| &entries[i].1),
+            Node::Array(items) => array_index(&token).and_then(|i| items.get(i)),
+            _ => None,
+        })
     }
 
     fn pointer_mut(&mut self, pointer: &str) -> Option<&mut Node<'a>> {
-        if pointer.is_empty() {
-            return Some(self);
-        }
-        pointer
-            .strip_prefix('/')?
-            .split('/')
-            .map(unescape_token)
-            .try_fold(self, |target, token| match target {
-                Node::Object(entries) => find(entries, &token).map(|i| &mut entries[i].1),
-                Node::Array(items) => array_index(&token).and_then(|i| items.get_mut(i)),
-                _ => None,
-            })
+        tokens(pointer)?.try_fold(self, |target, token| match target {
+            Node::Object(entries) => find(entries, &token).map(|i| &mut entries[i].1),
+            Node::Array(items) => array_index(&token).and_then(|i| items.get_mut(i)),
+            _ => None,
+        })
     }
 
     /// Removes the value at an RFC 6901 pointer, if present.
@@ -146,6 +132,20 @@ impl<'a> Node<'a> {
 
 fn find(entries: &[(Cow<'_, str>, Node<'_>)], key: &str) -> Option<usize> {
     entries.binary_search_by(|(k, _)| k.as_ref().cmp(key)).ok()
+}
+
+/// The reference tokens of an RFC 6901 pointer, unescaped: none for the
+/// empty pointer (the whole document), `None` for one not starting at `/`.
+fn tokens(pointer: &str) -> Option<impl Iterator<Item = Cow<'_, str>>> {
+    let rest = match pointer {
+        "" => None,
+        _ => Some(pointer.strip_prefix('/')?),
+    };
+    Some(
+        rest.into_iter()
+            .flat_map(|r| r.split('/'))
+            .map(unescape_token),
+    )
 }
 
 fn unescape_token(token: &str) -> Cow<'_, str> {

@@ -33,7 +33,7 @@ use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{NoTls, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
@@ -164,31 +164,28 @@ impl Inner {
         self.connection().await
     }
 
-    /// Runs one statement (prepared once per connection) on a pooled
-    /// connection; returns the rows it changed.
-    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+    /// A pooled connection and `sql` prepared on it (once per connection).
+    async fn prepared(&self, sql: &str) -> Result<(Client, Statement)> {
         let client = self.client().await?;
         let statement = client
             .prepare_cached(sql)
             .await
             .map_err(|e| self.error(e))?;
-        client
-            .execute(&statement, params)
-            .await
-            .map_err(|e| self.error(e))
+        Ok((client, statement))
     }
 
-    /// Like `execute`, for a statement that returns rows.
+    /// Runs one statement; returns the rows it changed.
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let (client, statement) = self.prepared(sql).await?;
+        let changed = client.execute(&statement, params).await;
+        changed.map_err(|e| self.error(e))
+    }
+
+    /// Runs one statement that returns rows.
     async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(sql)
-            .await
-            .map_err(|e| self.error(e))?;
-        client
-            .query(&statement, params)
-            .await
-            .map_err(|e| self.error(e))
+        let (client, statement) = self.prepared(sql).await?;
+        let rows = client.query(&statement, params).await;
+        rows.map_err(|e| self.error(e))
     }
 
     async fn connection(&self) -> Result<Client> {
