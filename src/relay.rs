@@ -29,6 +29,11 @@ use crate::store::outbox::{Job, Outbox, Settle};
 use crate::telemetry::trace::StageSpan;
 use crate::upstream::UpstreamError;
 
+/// A failed settle is tried again after this, doubling up to the max, as
+/// long as the job's lease lasts.
+const SETTLE_BACKOFF: Duration = Duration::from_millis(50);
+const SETTLE_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
 pub use self::policy::decide;
 
 const ATTEMPT: HeaderName = HeaderName::from_static("hookgate-attempt");
@@ -194,14 +199,31 @@ async fn attempt(gate: Arc<Gate>, job: Job) {
         Settle::Retry { .. } => {}
     }
     log(&job, outcome, status, &settle, started.elapsed());
-    match gate.store.settle(job.id, &job.token, settle).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(key = %job.key, "relay: the job's lease had expired before it was settled")
-        }
-        // The lease expires and the job is attempted again: at least once.
-        Err(e) => {
-            tracing::warn!(key = %job.key, error = %e, "relay: settling the attempt failed; it will be attempted again")
+    let lease_ends = tokio::time::Instant::from_std(started) + gate.settings.queue.lease;
+    settle_within(&gate, &job, settle, lease_ends).await;
+}
+
+/// Records the attempt's end, trying again while the store is down, until
+/// the job's lease ends; past it the job is attempted again (the relay's
+/// at-least-once boundary: a delivery the app already has).
+async fn settle_within(gate: &Gate, job: &Job, settle: Settle, lease_ends: tokio::time::Instant) {
+    let mut pause = SETTLE_BACKOFF;
+    loop {
+        match gate.store.settle(job.id, &job.token, settle.clone()).await {
+            Ok(true) => return,
+            Ok(false) => {
+                tracing::warn!(key = %job.key, "relay: the job's lease had expired before it was settled");
+                return;
+            }
+            Err(e) if tokio::time::Instant::now() + pause >= lease_ends => {
+                tracing::warn!(key = %job.key, error = %e, "relay: settling the attempt failed; it will be attempted again");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(key = %job.key, error = %e, "relay: settling failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(SETTLE_BACKOFF_MAX);
+            }
         }
     }
 }
