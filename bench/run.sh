@@ -4,9 +4,11 @@
 # then runs every row side by side on this machine and prints markdown
 # tables (docs/BENCHMARKS.md explains them).
 #
-#   bench/run.sh                  # the full run: about 4 minutes of rows
-#   bench/run.sh --smoke          # CI: every row for 1 s, no timing asserted
+#   bench/run.sh                  # the full run: about 6 minutes of rows
+#   bench/run.sh --smoke          # CI: every row for 1 s (drain rows: 500
+#                                 # events), no timing asserted
 #   bench/run.sh --duration 30 --only "sqlite fresh"   # one kind of row
+#   bench/run.sh --only queue     # queue mode: accepts, and the relay's drain
 #   bench/run.sh --help           # every option of `hookgate-bench suite`
 #
 # Arguments go to `hookgate-bench suite`. The gate's stdout (one JSON line

@@ -41,6 +41,9 @@ enum Command {
         /// Runtime threads (1: a single-threaded runtime).
         #[arg(long, default_value_t = 1)]
         threads: usize,
+        /// Keep every POST waiting until `POST /_bench/release`.
+        #[arg(long)]
+        hold: bool,
     },
 }
 
@@ -107,6 +110,14 @@ struct SuiteArgs {
     /// Arguments for `perf record`.
     #[arg(long, default_value = "-F 999 -g")]
     perf_args: String,
+    /// Events a drain row accepts (while the app holds the relay back)
+    /// before it times the relay delivering them (500 with --smoke).
+    #[arg(long, default_value_t = 20_000)]
+    drain_events: usize,
+    /// `queue.concurrency` of the drain rows (repeatable: one row per
+    /// value and store); the gate's default is 16.
+    #[arg(long, default_values_t = [suite::DEFAULT_QUEUE_CONCURRENCY])]
+    drain_concurrency: Vec<usize>,
     /// Keep the run's directory (configs, logs, databases) and print it.
     #[arg(long)]
     keep: bool,
@@ -121,7 +132,11 @@ struct SuiteArgs {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Upstream { listen, threads } => match upstream::serve(listen, threads) {
+        Command::Upstream {
+            listen,
+            threads,
+            hold,
+        } => match upstream::serve(listen, threads, hold) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("upstream: {e}");
@@ -133,10 +148,10 @@ fn main() -> ExitCode {
 }
 
 fn suite_main(a: SuiteArgs) -> ExitCode {
-    let (duration, warmup, dup_set) = if a.smoke {
-        (1.0, 0.2, a.dup_set.min(200))
+    let (duration, warmup, dup_set, drain_events) = if a.smoke {
+        (1.0, 0.2, a.dup_set.min(200), a.drain_events.min(500))
     } else {
-        (a.duration, a.warmup, a.dup_set)
+        (a.duration, a.warmup, a.dup_set, a.drain_events)
     };
     let options = Options {
         hookgate: a.hookgate,
@@ -167,6 +182,8 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
             .collect(),
         perf: a.perf,
         perf_args: a.perf_args,
+        drain_events: drain_events.max(1),
+        drain_concurrency: a.drain_concurrency,
     };
     if !options.hookgate.is_file() {
         eprintln!(
@@ -189,15 +206,16 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
         }
     };
     let rows = suite::rows(&options);
+    let drains = suite::drains(&options);
     let machine = report::machine();
     eprintln!("machine: {machine}");
     eprintln!("run directory: {}", dir.path().display());
-    let results = suite::run(&options, &rows, dir.path());
+    let results = suite::run(&options, &rows, &drains, dir.path());
     let load_after = report::load_average();
     if a.keep {
         eprintln!("kept {}", dir.keep().display());
     }
-    let results = match results {
+    let (results, drained) = match results {
         Ok(r) => r,
         Err(e) => {
             eprintln!("bench failed: {e}");
@@ -210,15 +228,28 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
          {} runtime thread(s); upstream: {} thread(s). Latencies in milliseconds.\n\n",
         options.threads, options.upstream_threads
     );
-    text.push_str(&report::throughput(&results));
-    text.push('\n');
-    text.push_str(&report::cpu(&results));
+    if results
+        .iter()
+        .any(|m| matches!(m.row.pacing, load::Pacing::Closed))
+    {
+        text.push_str(&report::throughput(&results));
+        text.push('\n');
+        text.push_str(&report::cpu(&results));
+    }
     if results
         .iter()
         .any(|m| matches!(m.row.pacing, load::Pacing::Open(_)))
     {
         text.push('\n');
         text.push_str(&report::latency(&results));
+    }
+    if results.iter().any(|m| m.queue.is_some()) {
+        text.push('\n');
+        text.push_str(&report::queue(&results));
+    }
+    if !drained.is_empty() {
+        text.push('\n');
+        text.push_str(&report::drain(&drained));
     }
     text.push('\n');
     text.push_str(&report::targets(&results, &options));

@@ -6,7 +6,7 @@ use std::fs;
 
 use crate::load::Pacing;
 use crate::services::Store;
-use crate::suite::{Measured, Options, Role, Target};
+use crate::suite::{DrainMeasured, Measured, Options, Role, Target};
 
 /// The issue's targets.
 const FRESH_RATIO: f64 = 0.6;
@@ -67,6 +67,8 @@ fn workload(m: &Measured) -> &'static str {
     let mix = m.row.mix;
     match m.row.target {
         Target::Direct | Target::Nginx => "signed events, nothing checked",
+        _ if m.row.queue && mix.fresh == 100 => "queue mode: fresh events (202)",
+        _ if m.row.queue => "queue mode: duplicates (202)",
         _ if mix.fresh == 100 => "fresh events",
         _ if mix.duplicate == 100 => "duplicates",
         _ if mix.forged == 100 => "forged signatures",
@@ -204,6 +206,7 @@ pub fn targets(results: &[Measured], o: &Options) -> String {
             .find(|m| {
                 m.row.target == target
                     && !m.row.candidate
+                    && !m.row.queue
                     && m.row.mix.fresh == fresh
                     && m.row.mix.duplicate == dup
                     && m.row.connections == o.connections
@@ -239,6 +242,7 @@ pub fn targets(results: &[Measured], o: &Options) -> String {
             .find(|m| {
                 m.row.target == Target::Gate(store)
                     && !m.row.candidate
+                    && !m.row.queue
                     && matches!(m.row.pacing, Pacing::Open(_))
             })
             .zip(direct)
@@ -255,6 +259,7 @@ pub fn targets(results: &[Measured], o: &Options) -> String {
         .iter()
         .filter(|m| {
             !m.row.candidate
+                && !m.row.queue
                 && m.row.connections == o.rss_connections
                 && matches!(m.row.pacing, Pacing::Closed)
         })
@@ -301,6 +306,107 @@ pub fn cpu(results: &[Measured]) -> String {
             of(Role::Redis),
             total * 1e6,
             m.busy_cores,
+        );
+    }
+    out
+}
+
+fn cpu_of(cpu: &[(Role, f64)], role: Role) -> Option<f64> {
+    cpu.iter().find(|(r, _)| *r == role).map(|(_, s)| *s)
+}
+
+/// nginx's own CPU per request at `connections` (its workers', closed loop).
+fn nginx_cpu(results: &[Measured], connections: usize) -> Option<f64> {
+    results
+        .iter()
+        .find(|m| {
+            m.row.target == Target::Nginx
+                && m.row.connections == connections
+                && matches!(m.row.pacing, Pacing::Closed)
+        })
+        .and_then(|m| cpu_of(&m.cpu_per_request, Role::Proxy))
+        .filter(|s| *s > 0.0)
+}
+
+/// The queue rows next to nginx: throughput, and the gate's CPU per
+/// request over nginx's. A fresh accept is answered before its delivery,
+/// so the gate's CPU is given twice: over the row (with what the relay
+/// delivered meanwhile), and until the app had every accepted event.
+pub fn queue(results: &[Measured]) -> String {
+    let mut out = String::from(
+        "| target | workload | connections | requests/s | vs nginx | gate µs/request | vs nginx's µs | delivered during the row | gate µs/event, accepted and delivered | vs nginx's µs |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for m in results.iter() {
+        let Some(q) = &m.queue else {
+            continue;
+        };
+        let rate = m.outcome.per_second();
+        let ratio =
+            |x: f64, of: Option<f64>| of.map_or_else(String::new, |n| format!("{:.1}x", x / n));
+        let nginx = nginx_cpu(results, m.row.connections);
+        let gate = cpu_of(&m.cpu_per_request, Role::Proxy).unwrap_or(0.0);
+        let (delivered, with_delivery, with_ratio) = match (q.accepted, q.gate_cpu_with_delivery) {
+            (0, _) => ("".to_owned(), "".to_owned(), "".to_owned()),
+            (n, Some(s)) => (
+                format!("{:.0}%", q.delivered_during as f64 * 100.0 / n as f64),
+                format!("{:.0}", s * 1e6),
+                ratio(s, nginx),
+            ),
+            (n, None) => (
+                format!("{:.0}%", q.delivered_during as f64 * 100.0 / n as f64),
+                "not drained".to_owned(),
+                "".to_owned(),
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {} | {:.0} | {} | {} | {} | {} |",
+            name(m),
+            workload(m),
+            m.row.connections,
+            rate,
+            nginx_rate(results, m.row.connections)
+                .filter(|n| *n > 0.0)
+                .map_or_else(String::new, |n| format!("{:.2}x", rate / n)),
+            gate * 1e6,
+            ratio(gate, nginx),
+            delivered,
+            with_delivery,
+            with_ratio,
+        );
+    }
+    out
+}
+
+/// The drain rows: how fast the relay delivers a backlog, and at what CPU.
+pub fn drain(drained: &[DrainMeasured]) -> String {
+    let mut out = String::from(
+        "| target | queue.concurrency | events | accepts/s (relay held) | gate µs/accept (relay held) | drain s | drained events/s | gate (relay) µs/event | app µs/event | redis µs/event | busy cores | retries |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    for m in drained {
+        let d = &m.drain;
+        let base = target_name(Target::Gate(d.store));
+        let which = if d.candidate { " (candidate)" } else { "" };
+        let us = |role| {
+            cpu_of(&m.cpu_per_event, role).map_or_else(String::new, |s| format!("{:.0}", s * 1e6))
+        };
+        let secs = m.drain_time.as_secs_f64();
+        let _ = writeln!(
+            out,
+            "| {base}{which} | {} | {} | {:.0} | {:.0} | {:.3} | {:.0} | {} | {} | {} | {:.2} | {} |",
+            d.concurrency,
+            d.events,
+            m.accept_rate,
+            m.accept_gate_cpu * 1e6,
+            secs,
+            d.events as f64 / secs.max(1e-9),
+            us(Role::Proxy),
+            us(Role::Upstream),
+            us(Role::Redis),
+            m.busy_cores,
+            m.retries,
         );
     }
     out

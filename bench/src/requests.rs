@@ -35,23 +35,42 @@ pub struct Expect {
     pub result: Option<&'static str>,
 }
 
+/// Who answers a row's requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answerer {
+    /// The upstream, directly or through nginx: 200 to everything.
+    Upstream,
+    /// The gate, forward mode: the app's 200 (`forwarded`).
+    Forward,
+    /// The gate, queue mode: 202 once the event and its job are committed
+    /// (`accepted`), and 202 again for duplicates.
+    Queue,
+}
+
 impl Expect {
-    /// The answer of the gate (`through_gate`) or of the upstream alone.
-    pub fn of(kind: Kind, through_gate: bool) -> Self {
-        if !through_gate {
+    /// The answer of the gate, in either mode, or of the upstream alone.
+    pub fn of(kind: Kind, by: Answerer) -> Self {
+        let status = match by {
             // Baselines do not check anything: the upstream says 200 to all.
-            return Self {
-                status: 200,
-                result: None,
-            };
-        }
+            Answerer::Upstream => {
+                return Self {
+                    status: 200,
+                    result: None,
+                };
+            }
+            Answerer::Forward => 200,
+            Answerer::Queue => 202,
+        };
         match kind {
             Kind::Fresh => Self {
-                status: 200,
-                result: Some("forwarded"),
+                status,
+                result: Some(match by {
+                    Answerer::Queue => "accepted",
+                    _ => "forwarded",
+                }),
             },
             Kind::Duplicate => Self {
-                status: 200,
+                status,
                 result: Some("duplicate"),
             },
             Kind::Forged => Self {
@@ -132,20 +151,20 @@ impl Mix {
 pub struct Builder {
     host: String,
     timestamp: i64,
-    through_gate: bool,
+    by: Answerer,
     /// Prefixes every event id, so rows never share ids.
     salt: String,
 }
 
 impl Builder {
-    pub fn new(port: u16, through_gate: bool, salt: &str) -> Self {
+    pub fn new(port: u16, by: Answerer, salt: &str) -> Self {
         let timestamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
         Self {
             host: format!("127.0.0.1:{port}"),
             timestamp,
-            through_gate,
+            by,
             salt: salt.to_owned(),
         }
     }
@@ -185,7 +204,7 @@ impl Builder {
                     pool.reqs.push(Req {
                         start,
                         len: bytes.len(),
-                        expect: Expect::of(Kind::Duplicate, self.through_gate),
+                        expect: Expect::of(Kind::Duplicate, self.by),
                     });
                 }
                 (Kind::Duplicate, _) => panic!("duplicates need a primed set"),
@@ -222,7 +241,7 @@ impl Builder {
         pool.reqs.push(Req {
             start,
             len: pool.bytes.len() - start,
-            expect: Expect::of(kind, self.through_gate),
+            expect: Expect::of(kind, self.by),
         });
     }
 }
@@ -279,7 +298,7 @@ mod tests {
 
     #[test]
     fn mixed_pool_has_the_proportions_and_replays_primed_bytes() {
-        let b = Builder::new(8080, true, "t");
+        let b = Builder::new(8080, Answerer::Forward, "t");
         let primed = b.primed(10);
         let pool = b.mixed(10_000, Mix::MIXED, Some(&primed));
         let (mut fresh, mut dup, mut forged) = (0, 0, 0);
@@ -298,8 +317,27 @@ mod tests {
     }
 
     #[test]
+    fn queue_mode_accepts_with_202_and_answers_duplicates_with_202() {
+        let b = Builder::new(1, Answerer::Queue, "q");
+        let primed = b.primed(2);
+        assert_eq!(primed.get(0).1.status, 202);
+        assert_eq!(primed.get(0).1.result, Some("accepted"));
+        let dups = b.mixed(4, Mix::DUPLICATE, Some(&primed));
+        assert_eq!(
+            (dups.get(3).1.status, dups.get(3).1.result),
+            (202, Some("duplicate"))
+        );
+        let forged = Expect::of(Kind::Forged, Answerer::Queue);
+        assert_eq!(
+            (forged.status, forged.result),
+            (400, Some("invalid_signature"))
+        );
+        assert_eq!(Expect::of(Kind::Fresh, Answerer::Upstream).result, None);
+    }
+
+    #[test]
     fn requests_are_complete_http_with_a_stripe_signature() {
-        let pool = Builder::new(1, true, "t").mixed(2, Mix::FRESH, None);
+        let pool = Builder::new(1, Answerer::Forward, "t").mixed(2, Mix::FRESH, None);
         let (bytes, _) = pool.get(1);
         let text = std::str::from_utf8(bytes).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();

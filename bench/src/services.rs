@@ -126,24 +126,96 @@ pub fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// This binary's `upstream` subcommand.
-pub fn upstream(dir: &Path, threads: usize) -> io::Result<Service> {
+/// This binary's `upstream` subcommand; with `hold`, it keeps every POST
+/// waiting until [`release`].
+pub fn upstream(dir: &Path, name: &str, threads: usize, hold: bool) -> io::Result<Service> {
     let port = free_port()?;
-    let log = dir.join("upstream.log");
-    let mut service = Service::spawn(
+    let log = dir.join(format!("{name}.log"));
+    let mut command = Command::new(std::env::current_exe()?);
+    command.args([
         "upstream",
-        port,
-        Command::new(std::env::current_exe()?).args([
-            "upstream",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--threads",
-            &threads.to_string(),
-        ]),
-        &log,
-    )?;
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--threads",
+        &threads.to_string(),
+    ]);
+    if hold {
+        command.arg("--hold");
+    }
+    let mut service = Service::spawn(name, port, &mut command, &log)?;
     service.wait_ready(&log, |a| get(a, "/", "127.0.0.1") == Some(200))?;
     Ok(service)
+}
+
+/// What the upstream has received (its `/_bench/stats`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AppStats {
+    /// POSTs answered.
+    pub count: u64,
+    /// Of those, relay attempts after the first (`Hookgate-Attempt` > 1).
+    pub retries: u64,
+    /// From the release (or the upstream's start) to the last answered POST.
+    pub last: Duration,
+    /// POSTs received, held ones included.
+    pub arrived: u64,
+}
+
+/// The upstream's counters.
+pub fn app_stats(upstream: &Service) -> io::Result<AppStats> {
+    let body = request(upstream.addr(), "GET", crate::upstream::STATS)?;
+    let n: Vec<u64> = body
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    match n[..] {
+        [count, retries, last_ns, arrived] => Ok(AppStats {
+            count,
+            retries,
+            last: Duration::from_nanos(last_ns),
+            arrived,
+        }),
+        _ => Err(io::Error::other(format!("bad upstream stats: {body:?}"))),
+    }
+}
+
+/// Answers every POST a held upstream keeps waiting, and holds no more.
+pub fn release(upstream: &Service) -> io::Result<()> {
+    request(upstream.addr(), "POST", crate::upstream::RELEASE).map(drop)
+}
+
+/// Polls the upstream until it has answered `count` POSTs, or `within` runs
+/// out (then the last counters, as an error).
+pub fn await_deliveries(upstream: &Service, count: u64, within: Duration) -> io::Result<AppStats> {
+    let deadline = Instant::now() + within;
+    loop {
+        let stats = app_stats(upstream)?;
+        if stats.count >= count {
+            return Ok(stats);
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::other(format!(
+                "the app got {} of {count} deliveries within {within:?}",
+                stats.count
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A blocking request without a body; the answer's body.
+fn request(addr: SocketAddr, method: &str, path: &str) -> io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned())
 }
 
 /// nginx as a plain reverse proxy to the upstream: `proxy_pass` with
@@ -260,8 +332,20 @@ pub enum GateLog {
     Null,
 }
 
+/// A gate's provider in queue mode.
+#[derive(Clone, Copy, Debug)]
+pub struct Queue {
+    /// `queue.concurrency`: relay attempts in flight.
+    pub concurrency: usize,
+    /// For a drain row, whose app holds the relay's first attempts while
+    /// the events are accepted: `upstream.timeout` (and the lease, which
+    /// must exceed it) long enough never to cut those attempts off.
+    pub patient: bool,
+}
+
 /// A gate with a fresh store (a new sqlite file, or a new key prefix in the
-/// shared redis), the upstream behind it, and the secret in a file.
+/// shared redis), the upstream behind it, and the secret in a file; its
+/// provider in queue mode with `queue`.
 #[allow(clippy::too_many_arguments)]
 pub fn hookgate(
     bin: &Path,
@@ -270,6 +354,7 @@ pub fn hookgate(
     store: Store,
     redis: Option<&Service>,
     upstream: u16,
+    queue: Option<Queue>,
     log: &GateLog,
     env: &[(String, String)],
 ) -> io::Result<Service> {
@@ -288,6 +373,39 @@ pub fn hookgate(
         ),
         (Store::Redis, None) => return Err(io::Error::other("a redis row needs redis-server")),
     };
+    // Queue mode: the provider accepts (202) and the relay delivers. The
+    // [queue] section is the default one, written out. A patient gate's
+    // leases (the store's claims and the relay's jobs) must exceed its
+    // upstream.timeout.
+    let (timeout, queue_section, mode) = match queue {
+        None => (String::new(), String::new(), ""),
+        Some(q) => {
+            let (timeout, lease) = match q.patient {
+                true => ("timeout = \"120s\"\n", "240s"),
+                false => ("", "60s"),
+            };
+            let section = format!(
+                "[queue]
+accept_status = 202
+max_attempts = 12
+max_age = \"3d\"
+retry_initial = \"1s\"
+retry_max = \"1h\"
+jitter = 0.2
+lease = \"{lease}\"
+concurrency = {}
+dead_on = [400, 401, 403, 404, 410, 422]
+
+",
+                q.concurrency
+            );
+            (timeout.to_owned(), section, "mode = \"queue\"\n")
+        }
+    };
+    let store_lease = match queue {
+        Some(Queue { patient: true, .. }) => "lease = \"240s\"\n",
+        _ => "",
+    };
     let config = format!(
         "[server]
 listen = \"127.0.0.1:{port}\"
@@ -295,16 +413,16 @@ admin_listen = \"127.0.0.1:{admin}\"
 
 [upstream]
 url = \"http://127.0.0.1:{upstream}\"
-
+{timeout}
 [store]
-{store_section}
-[providers.stripe]
+{store_section}{store_lease}
+{queue_section}[providers.stripe]
 scheme = \"stripe\"
 path = \"{PATH}\"
 secrets = [\"file:{secret}\"]
 # Requests are signed before the run starts; a long run must not go stale.
 tolerance = \"1h\"
-",
+{mode}",
         secret = secret.display()
     );
     let conf = dir.join(format!("{tag}.toml"));

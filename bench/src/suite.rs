@@ -7,8 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::load::{self, Outcome, Pacing, Plan};
-use crate::requests::{Builder, Mix, Pool};
-use crate::services::{self, GateLog, Service, Store};
+use crate::requests::{Answerer, Builder, Mix, Pool};
+use crate::services::{self, AppStats, GateLog, Queue, Service, Store};
+
+/// The default `queue.concurrency` (src/config/file.rs): the relay
+/// attempts a gate has in flight.
+pub const DEFAULT_QUEUE_CONCURRENCY: usize = 16;
+/// How long a queue row waits for the relay to deliver what was accepted.
+const DRAIN_WITHIN: Duration = Duration::from_secs(300);
 
 /// What a run measures and with what.
 #[derive(Clone, Debug)]
@@ -41,6 +47,11 @@ pub struct Options {
     /// Record a `perf` profile of each gate row into this directory.
     pub perf: Option<PathBuf>,
     pub perf_args: String,
+    /// Events accepted (with the app holding the relay back) before a
+    /// drain row times the relay.
+    pub drain_events: usize,
+    /// `queue.concurrency` of the drain rows: one row per value and store.
+    pub drain_concurrency: Vec<usize>,
 }
 
 /// What sits between the load generator and the upstream.
@@ -58,6 +69,20 @@ pub struct Row {
     pub mix: Mix,
     pub connections: usize,
     pub pacing: Pacing,
+    /// The gate's provider in queue mode (accepts answered 202, the relay
+    /// delivers to the upstream).
+    pub queue: bool,
+    /// Runs `--candidate` rather than `--hookgate`.
+    pub candidate: bool,
+}
+
+/// A drain row: the relay delivering a backlog of accepted events.
+#[derive(Clone, Debug)]
+pub struct Drain {
+    pub store: Store,
+    /// `queue.concurrency`.
+    pub concurrency: usize,
+    pub events: usize,
     /// Runs `--candidate` rather than `--hookgate`.
     pub candidate: bool,
 }
@@ -75,6 +100,40 @@ pub struct Measured {
     pub rss_kib: Option<u64>,
     /// Of the gate's resident set at the end, the file-backed part, KiB.
     pub file_rss_kib: Option<u64>,
+    /// Queue rows: what the relay did.
+    pub queue: Option<Relayed>,
+}
+
+/// What the relay of a queue row delivered.
+#[derive(Clone, Copy, Debug)]
+pub struct Relayed {
+    /// Events the app received while the row ran (warm-up included), of
+    /// `accepted`.
+    pub delivered_during: u64,
+    pub accepted: u64,
+    /// The gate's CPU seconds from the row's start until the app had every
+    /// accepted event, per accepted event: accept and delivery both. `None`
+    /// when the relay had not delivered them all within the wait.
+    pub gate_cpu_with_delivery: Option<f64>,
+    /// From the row's end until the app had every accepted event.
+    pub drained_after: Option<Duration>,
+}
+
+/// What a drain row measured.
+pub struct DrainMeasured {
+    pub drain: Drain,
+    /// Accepts per second while the app held the relay back.
+    pub accept_rate: f64,
+    /// The gate's CPU seconds per accept while the relay was held back.
+    pub accept_gate_cpu: f64,
+    /// From the app's release to the last delivery it answered.
+    pub drain_time: Duration,
+    /// CPU seconds per delivered event over the drain, of each process:
+    /// the gate (its relay), the app, redis.
+    pub cpu_per_event: Vec<(Role, f64)>,
+    pub busy_cores: f64,
+    /// Relay attempts after the first (none expected: the app says 200).
+    pub retries: u64,
 }
 
 /// Whose CPU time a row accounts for.
@@ -94,7 +153,12 @@ pub fn rows(o: &Options) -> Vec<Row> {
         mix,
         connections,
         pacing: Pacing::Closed,
+        queue: false,
         candidate: false,
+    };
+    let queued = |name: &str, target, mix, connections| Row {
+        queue: true,
+        ..closed(name, target, mix, connections)
     };
     let open = |name: &str, target| Row {
         name: name.to_owned(),
@@ -102,6 +166,7 @@ pub fn rows(o: &Options) -> Vec<Row> {
         mix: Mix::FRESH,
         connections: o.rate_connections,
         pacing: Pacing::Open(o.rate),
+        queue: false,
         candidate: false,
     };
     let (c, big) = (o.connections, o.rss_connections);
@@ -116,6 +181,10 @@ pub fn rows(o: &Options) -> Vec<Row> {
         closed("sqlite forged", sqlite, Mix::FORGED, c),
         closed("redis mixed", redis, Mix::MIXED, c),
         closed("sqlite mixed", sqlite, Mix::MIXED, c),
+        queued("redis queue fresh", redis, Mix::FRESH, c),
+        queued("sqlite queue fresh", sqlite, Mix::FRESH, c),
+        queued("redis queue duplicate", redis, Mix::DUPLICATE, c),
+        queued("sqlite queue duplicate", sqlite, Mix::DUPLICATE, c),
     ];
     if big != c {
         all.extend([
@@ -150,6 +219,38 @@ pub fn rows(o: &Options) -> Vec<Row> {
         .collect()
 }
 
+/// The drain rows of a full run: each store at each concurrency.
+pub fn drains(o: &Options) -> Vec<Drain> {
+    let mut all = Vec::new();
+    for &concurrency in &o.drain_concurrency {
+        for store in [Store::Redis, Store::Sqlite] {
+            all.push(Drain {
+                store,
+                concurrency,
+                events: o.drain_events,
+                candidate: false,
+            });
+            if o.candidate.is_some() {
+                all.push(Drain {
+                    store,
+                    concurrency,
+                    events: o.drain_events,
+                    candidate: true,
+                });
+            }
+        }
+    }
+    all.into_iter()
+        .filter(|d| o.only.is_empty() || o.only.iter().any(|w| drain_label(d).contains(w.as_str())))
+        .collect()
+}
+
+/// A drain row's unique label, e.g. "sqlite queue drain q16".
+pub fn drain_label(d: &Drain) -> String {
+    let which = if d.candidate { " (candidate)" } else { "" };
+    format!("{} queue drain q{}{which}", d.store.name(), d.concurrency)
+}
+
 /// A row's unique label: its name, connections and pacing.
 pub fn label(row: &Row) -> String {
     let which = if row.candidate { " (candidate)" } else { "" };
@@ -159,22 +260,31 @@ pub fn label(row: &Row) -> String {
     }
 }
 
-/// Runs `rows` and returns what each measured. Services start once (the
-/// upstream, nginx, redis); each gate row gets a gate of its own.
-pub fn run(o: &Options, rows: &[Row], dir: &Path) -> io::Result<Vec<Measured>> {
+/// Runs `rows`, then `drains`, and returns what each measured. Services
+/// start once (the upstream, nginx, redis); each gate row gets a gate of
+/// its own, and each drain row an app of its own too.
+pub fn run(
+    o: &Options,
+    rows: &[Row],
+    drains: &[Drain],
+    dir: &Path,
+) -> io::Result<(Vec<Measured>, Vec<DrainMeasured>)> {
     let needs = |f: fn(&Target) -> bool| rows.iter().any(|r| f(&r.target));
-    let upstream = services::upstream(dir, o.upstream_threads)?;
+    let upstream = services::upstream(dir, "upstream", o.upstream_threads, false)?;
     let nginx = match needs(|t| *t == Target::Nginx) {
         true => Some(services::nginx(&o.nginx, dir, upstream.port)?),
         false => None,
     };
-    let redis = match needs(|t| *t == Target::Gate(Store::Redis)) {
+    let redis = match needs(|t| *t == Target::Gate(Store::Redis))
+        || drains.iter().any(|d| d.store == Store::Redis)
+    {
         true => Some(services::redis(&o.redis, dir)?),
         false => None,
     };
     let mut results = Vec::new();
+    let total = rows.len() + drains.len();
     for (i, row) in rows.iter().enumerate() {
-        eprintln!("[{}/{}] {}", i + 1, rows.len(), label(row));
+        eprintln!("[{}/{total}] {}", i + 1, label(row));
         let measured = match row.target {
             Target::Direct => measure(
                 o,
@@ -182,6 +292,7 @@ pub fn run(o: &Options, rows: &[Row], dir: &Path) -> io::Result<Vec<Measured>> {
                 row,
                 &upstream,
                 i,
+                None,
                 None,
                 &watched(&upstream, None, None),
             )?,
@@ -193,6 +304,7 @@ pub fn run(o: &Options, rows: &[Row], dir: &Path) -> io::Result<Vec<Measured>> {
                     row,
                     nginx,
                     i,
+                    None,
                     None,
                     &watched(&upstream, Some(nginx), None),
                 )?
@@ -210,12 +322,17 @@ pub fn run(o: &Options, rows: &[Row], dir: &Path) -> io::Result<Vec<Measured>> {
                     store,
                     redis.as_ref(),
                     upstream.port,
+                    row.queue.then_some(Queue {
+                        concurrency: DEFAULT_QUEUE_CONCURRENCY,
+                        patient: false,
+                    }),
                     &o.gate_log,
                     &o.gate_env,
                 )?;
                 let redis = redis.as_ref().filter(|_| store == Store::Redis);
                 let procs = watched(&upstream, Some(&gate), redis);
-                measure(o, dir, row, &gate, i, Some(&tag), &procs)?
+                let app = row.queue.then_some(&upstream);
+                measure(o, dir, row, &gate, i, Some(&tag), app, &procs)?
             }
         };
         eprintln!(
@@ -230,9 +347,131 @@ pub fn run(o: &Options, rows: &[Row], dir: &Path) -> io::Result<Vec<Measured>> {
                 .map(|e| format!(" (first: {e})"))
                 .unwrap_or_default()
         );
+        if let Some(q) = measured.queue.as_ref().filter(|q| q.accepted > 0) {
+            eprintln!(
+                "        {} of {} accepted delivered during the row; all of them {}",
+                q.delivered_during,
+                q.accepted,
+                q.drained_after.map_or_else(
+                    || format!("NOT within {DRAIN_WITHIN:?} after it"),
+                    |d| format!("{:.1} s after it", d.as_secs_f64())
+                )
+            );
+        }
         results.push(measured);
     }
-    Ok(results)
+    let mut drained = Vec::new();
+    for (i, d) in drains.iter().enumerate() {
+        let index = rows.len() + i;
+        eprintln!("[{}/{total}] {}", index + 1, drain_label(d));
+        let m = drain(o, dir, d, index, redis.as_ref())?;
+        eprintln!(
+            "        accepted {:.0}/s (relay held); drained {} in {:.3} s: {:.0} events/s, {} retries",
+            m.accept_rate,
+            d.events,
+            m.drain_time.as_secs_f64(),
+            d.events as f64 / m.drain_time.as_secs_f64().max(1e-9),
+            m.retries
+        );
+        drained.push(m);
+    }
+    Ok((results, drained))
+}
+
+/// A drain row: a gate in queue mode whose app holds every delivery. The
+/// gate accepts `events` fresh events; its relay's first `concurrency`
+/// attempts wait in the app, every other job waits in the store, due. Then
+/// the app lets go, and the row times the relay from the release to the
+/// app's answer to the last event, with each process's CPU over that span.
+fn drain(
+    o: &Options,
+    dir: &Path,
+    d: &Drain,
+    index: usize,
+    redis: Option<&Service>,
+) -> io::Result<DrainMeasured> {
+    let app = services::upstream(dir, &format!("row{index}-app"), o.upstream_threads, true)?;
+    let tag = format!("row{index}-{}", d.store.name());
+    let bin = match (&o.candidate, d.candidate) {
+        (Some(candidate), true) => candidate,
+        _ => &o.hookgate,
+    };
+    let gate = services::hookgate(
+        bin,
+        dir,
+        &tag,
+        d.store,
+        redis,
+        app.port,
+        Some(Queue {
+            concurrency: d.concurrency,
+            patient: true,
+        }),
+        &o.gate_log,
+        &o.gate_env,
+    )?;
+    let redis = redis.filter(|_| d.store == Store::Redis);
+    let procs = watched(&app, Some(&gate), redis);
+    let builder = Builder::new(gate.port, Answerer::Queue, &format!("r{index}"));
+    let pool = Arc::new(builder.mixed(d.events, Mix::FRESH, None));
+    let plan = Plan {
+        addr: gate.addr(),
+        connections: o.connections,
+        pacing: Pacing::Closed,
+        warmup: Duration::ZERO,
+        duration: Duration::from_secs(3600),
+        threads: o.threads,
+        timeout: Duration::from_secs(30),
+    };
+    let gate_before = services::cpu_seconds(gate.pid());
+    let accepted = load::run(&plan, pool);
+    let accept_gate_cpu = services::cpu_seconds(gate.pid()) - gate_before;
+    if accepted.errors > 0 || accepted.answered_total as usize != d.events {
+        return Err(io::Error::other(format!(
+            "accepting {}: {} of {} answered, {} errors (first: {:?})",
+            drain_label(d),
+            accepted.answered_total,
+            d.events,
+            accepted.errors,
+            accepted.first_error
+        )));
+    }
+    // The relay's first attempts reach the app (and wait there).
+    let first = d.concurrency.min(d.events) as u64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while services::app_stats(&app)?.arrived < first && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Let the gate settle after the accepts (its store's checkpoints).
+    std::thread::sleep(Duration::from_millis(500));
+    let before: Vec<f64> = procs
+        .iter()
+        .map(|(_, pid)| services::cpu_seconds(*pid))
+        .collect();
+    let released = std::time::Instant::now();
+    services::release(&app)?;
+    let stats: AppStats = services::await_deliveries(&app, d.events as u64, DRAIN_WITHIN)?;
+    let wall = released.elapsed().as_secs_f64();
+    let cpu: Vec<(Role, f64)> = procs
+        .iter()
+        .zip(before)
+        .filter(|((role, _), _)| *role != Role::Generator)
+        .map(|((role, pid), before)| (*role, services::cpu_seconds(*pid) - before))
+        .collect();
+    let busy_cores = cpu.iter().map(|(_, s)| s).sum::<f64>() / wall;
+    let events = d.events as f64;
+    if let Err(e) = services::save_metrics(&gate, &dir.join(format!("{tag}.metrics"))) {
+        eprintln!("        (no metrics from the gate: {e})");
+    }
+    Ok(DrainMeasured {
+        drain: d.clone(),
+        accept_rate: accepted.per_second(),
+        accept_gate_cpu: accept_gate_cpu / events,
+        drain_time: stats.last,
+        cpu_per_event: cpu.into_iter().map(|(r, s)| (r, s / events)).collect(),
+        busy_cores,
+        retries: stats.retries,
+    })
 }
 
 /// The processes whose CPU time a row accounts for.
@@ -259,10 +498,18 @@ fn measure(
     server: &Service,
     index: usize,
     gate_tag: Option<&str>,
+    queue_app: Option<&Service>,
     procs: &[(Role, u32)],
 ) -> io::Result<Measured> {
-    let through_gate = gate_tag.is_some();
-    let builder = Builder::new(server.port, through_gate, &format!("r{index}"));
+    let answerer = match (gate_tag, row.queue) {
+        (None, _) => Answerer::Upstream,
+        (Some(_), false) => Answerer::Forward,
+        (Some(_), true) => Answerer::Queue,
+    };
+    let builder = Builder::new(server.port, answerer, &format!("r{index}"));
+    // Counted before priming: in queue mode the relay delivers the primed
+    // events as they are accepted.
+    let app_before_priming = queue_app.map(services::app_stats).transpose()?;
     let primed = if row.mix.duplicate > 0 {
         let primed = Arc::new(builder.primed(o.dup_set));
         let plan = Plan {
@@ -284,6 +531,21 @@ fn measure(
                 primed_run.errors,
                 primed_run.first_error
             )));
+        }
+        // In queue mode the relay delivers the primed events now: the row
+        // measures duplicates once it is done.
+        if let (Some(app), Some(before)) = (queue_app, app_before_priming) {
+            let want = before.count + primed.len() as u64;
+            let deadline = std::time::Instant::now() + DRAIN_WITHIN;
+            while services::app_stats(app)?.count < want {
+                if std::time::Instant::now() > deadline {
+                    return Err(io::Error::other(format!(
+                        "priming {}: the relay did not deliver the primed events",
+                        label(row)
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         Some(primed)
     } else {
@@ -311,15 +573,31 @@ fn measure(
         .iter()
         .map(|(_, pid)| services::cpu_seconds(*pid))
         .collect();
+    let app_before = queue_app.map(services::app_stats).transpose()?;
     let started = std::time::Instant::now();
     let outcome = load::run(&plan, pool);
     let wall = started.elapsed().as_secs_f64();
     let cpu: Vec<(Role, f64)> = procs
         .iter()
-        .zip(cpu_before)
+        .zip(&cpu_before)
         .map(|((role, pid), before)| (*role, services::cpu_seconds(*pid) - before))
         .collect();
     drop(profiler);
+    let queue = match (queue_app, app_before) {
+        (Some(app), Some(before)) => Some(relayed(
+            app,
+            before,
+            // Only fresh events are enqueued; a queue row is all one kind.
+            match row.mix.fresh {
+                100 => outcome.answered_total,
+                _ => 0,
+            },
+            server.pid(),
+            procs,
+            &cpu_before,
+        )?),
+        _ => None,
+    };
     let answers = outcome.answered_total.max(1) as f64;
     let busy_cores = cpu.iter().map(|(_, s)| s).sum::<f64>() / wall;
     let cpu_per_request = cpu.into_iter().map(|(r, s)| (r, s / answers)).collect();
@@ -336,6 +614,36 @@ fn measure(
         busy_cores,
         rss_kib: gate_tag.and_then(|_| server.peak_rss_kib()),
         file_rss_kib: gate_tag.and_then(|_| server.file_rss_kib()),
+        queue,
+    })
+}
+
+/// After a queue row: what the relay delivered while it ran, and the gate's
+/// CPU once the app has every accepted event (the accepts of the row's
+/// fresh events are answered with those events still to deliver).
+fn relayed(
+    app: &Service,
+    before: AppStats,
+    accepted: u64,
+    gate_pid: u32,
+    procs: &[(Role, u32)],
+    cpu_before: &[f64],
+) -> io::Result<Relayed> {
+    let during = services::app_stats(app)?.count - before.count;
+    let ended = std::time::Instant::now();
+    let want = before.count + accepted;
+    let drained = accepted > 0 && services::await_deliveries(app, want, DRAIN_WITHIN).is_ok();
+    let gate_before = procs
+        .iter()
+        .zip(cpu_before)
+        .find(|((_, pid), _)| *pid == gate_pid)
+        .map_or(0.0, |(_, b)| *b);
+    let gate_cpu = services::cpu_seconds(gate_pid) - gate_before;
+    Ok(Relayed {
+        delivered_during: during,
+        accepted,
+        gate_cpu_with_delivery: drained.then(|| gate_cpu / accepted.max(1) as f64),
+        drained_after: drained.then(|| ended.elapsed()),
     })
 }
 
