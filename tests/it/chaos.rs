@@ -21,176 +21,39 @@
 //! (defaults: the bounded CI form). Not `HOOKGATE_*`: the gate processes
 //! inherit the environment, and would read those as configuration.
 
+pub mod crowd;
+
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use hookgate::provider::Scheme;
-use http::Request;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-
-use crate::cli::Child;
+use self::crowd::{Gates, Seen, Senders, VICTIM, deliver, env_usize, http_client, shuffled_copies};
 use crate::support::fixture::{GateFixture, StoreConfig};
-use crate::support::gate::{SECRET, signed, stripe_event};
 use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_server::RedisServer;
 use crate::support::store_server::StoreServer;
 use crate::support::upstream::{Behavior, Upstream};
 
-pub(crate) const GATES: usize = 3;
-/// The instance that is SIGKILLed mid-run.
-pub(crate) const VICTIM: usize = 1;
-/// A sender gives up on a copy after this many attempts (a real provider
-/// retries for days; this bounds a broken run instead of hanging it).
-const MAX_ATTEMPTS: u32 = 60;
 const UPSTREAM_TIMEOUT: &str = "1s";
 /// Longer than the gate's upstream timeout: these calls time out.
 const STALL: Duration = Duration::from_millis(1500);
 
-pub(crate) type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// What one sender saw on one attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Seen {
-    Status(u16),
-    /// Connection refused, reset, or no answer in time.
-    Broken,
-}
-
-/// One attempt: which event, through which instance (index into
-/// `instances`), and what came back.
+/// One attempt: which event, through which process, and what came back.
 #[derive(Clone, Copy, Debug)]
 struct Attempt {
     event: usize,
-    instance: usize,
+    process: usize,
     seen: Seen,
     forwarded: bool,
 }
 
-/// A gate process's identity for the whole run: the upstream base path it
-/// forwards under (`/i{n}`), so the app's records say which process called.
-pub(crate) struct Instance {
-    pub(crate) addr: SocketAddr,
-}
-
-/// Shared by the senders: where each gate slot answers now.
-pub(crate) struct Cluster {
-    /// `slots[g]` is the index into `instances` of slot g's current process.
-    pub(crate) slots: Mutex<[usize; GATES]>,
-    pub(crate) instances: Mutex<Vec<Instance>>,
-}
-
-impl Cluster {
-    pub(crate) fn pick(&self, r: u64) -> (usize, SocketAddr) {
-        let slot = (r % GATES as u64) as usize;
-        let instance = self.slots.lock().unwrap()[slot];
-        (instance, self.instances.lock().unwrap()[instance].addr)
-    }
-}
-
-pub(crate) fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A small deterministic generator (xorshift64*): the run's order and
-/// choices vary by seed, not by chance.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-/// Gate process `instance`'s config: it forwards under `/i{instance}`.
-fn instance_config(instance: usize, up: &Upstream, store: &StoreConfig) -> GateFixture {
+/// Gate process `n`'s config: it forwards under `/i{n}`.
+fn process_config(n: usize, up: &Upstream, store: &StoreConfig) -> GateFixture {
     GateFixture::stripe()
-        .upstream_url(&format!("{}/i{instance}", up.url()))
+        .upstream_url(&format!("{}/i{n}", up.url()))
         .upstream_timeout(UPSTREAM_TIMEOUT)
         .store(store.clone())
-}
-
-/// Starts a `hookgate run` process on `config`, which must outlive it.
-pub(crate) async fn spawn_gate(config: &GateFixture) -> (Child, SocketAddr) {
-    let path = config.config_file();
-    tokio::task::spawn_blocking(move || Child::spawn(&path))
-        .await
-        .unwrap()
-}
-
-/// One POST, never panicking: a broken connection is an answer too. With
-/// the answer's `Hookgate-Result`.
-pub(crate) async fn attempt(
-    client: &HttpClient,
-    addr: SocketAddr,
-    body: &[u8],
-) -> (Seen, Option<String>) {
-    let mut req = Request::builder()
-        .method("POST")
-        .uri(format!("http://{addr}/webhooks/stripe"));
-    for (k, v) in signed(&Scheme::Stripe, SECRET, body, "", None) {
-        req = req.header(k, v);
-    }
-    let req = req.body(Full::new(Bytes::copy_from_slice(body))).unwrap();
-    let call = async {
-        let response = client.request(req).await.ok()?;
-        let status = response.status().as_u16();
-        let result = response
-            .headers()
-            .get("hookgate-result")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        response.into_body().collect().await.ok()?;
-        Some((Seen::Status(status), result))
-    };
-    tokio::time::timeout(Duration::from_secs(5), call)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or((Seen::Broken, None))
-}
-
-/// Delivers one copy like a provider: until a 2xx, with capped exponential
-/// backoff and jitter, on whichever instance the balancer picks.
-async fn deliver(
-    client: &HttpClient,
-    cluster: &Cluster,
-    event: usize,
-    rng: &mut Rng,
-    log: &Mutex<Vec<Attempt>>,
-) -> bool {
-    let body = stripe_event(&format!("evt_chaos_{event}"));
-    for n in 0..MAX_ATTEMPTS {
-        let (instance, addr) = cluster.pick(rng.next());
-        let (seen, result) = attempt(client, addr, &body).await;
-        let forwarded = result.as_deref() == Some("forwarded");
-        log.lock().unwrap().push(Attempt {
-            event,
-            instance,
-            seen,
-            forwarded,
-        });
-        if matches!(seen, Seen::Status(s) if (200..300).contains(&s)) {
-            return true;
-        }
-        let backoff = (20u64 << n.min(6)).min(1000);
-        let jitter = rng.next() % (backoff / 2 + 1);
-        tokio::time::sleep(Duration::from_millis(backoff / 2 + jitter)).await;
-    }
-    false
 }
 
 /// On redis (AOF, fsync always), SIGKILLed mid-run. The name predates the
@@ -240,74 +103,36 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
         stall_percent: 3,
         stall: STALL,
     });
+    let app = up.clone();
+    let gates = Gates::start(move |n| process_config(n, &app, &store_config)).await;
 
-    let mut configs = Vec::new();
-    let mut children = Vec::new();
-    let mut instances = Vec::new();
-    for g in 0..GATES {
-        configs.push(instance_config(g, &up, &store_config));
-        let (child, addr) = spawn_gate(&configs[g]).await;
-        children.push(Some(child));
-        instances.push(Instance { addr });
-    }
-    let cluster = Arc::new(Cluster {
-        slots: Mutex::new([0, 1, 2]),
-        instances: Mutex::new(instances),
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let order = shuffled_copies(events, copies, 0x5eed_cafe_f00d_0001);
+    let total = order.len();
+    let (client, senders_gates, senders_log) =
+        (http_client(), Arc::clone(&gates), Arc::clone(&log));
+    let senders = Senders::start(order, clients, 0x1234_5678_9abc_def1, move |event, rng| {
+        let (client, gates, log) = (
+            client.clone(),
+            Arc::clone(&senders_gates),
+            Arc::clone(&senders_log),
+        );
+        async move {
+            let id = format!("evt_chaos_{event}");
+            deliver(&client, &gates, &id, rng, |process, seen, result| {
+                log.lock().unwrap().push(Attempt {
+                    event,
+                    process,
+                    seen,
+                    forwarded: result.as_deref() == Some("forwarded"),
+                });
+            })
+            .await
+        }
     });
 
-    // Every copy of every event, shuffled.
-    let mut rng = Rng(0x5eed_cafe_f00d_0001);
-    let mut queue: Vec<usize> = (0..events)
-        .flat_map(|e| std::iter::repeat_n(e, copies))
-        .collect();
-    for i in (1..queue.len()).rev() {
-        let j = (rng.next() % (i as u64 + 1)) as usize;
-        queue.swap(i, j);
-    }
-    let queue = Arc::new(queue);
-    let next = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicUsize::new(0));
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let gave_up = Arc::new(AtomicUsize::new(0));
-    let client: HttpClient = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(2))
-        .build(HttpConnector::new());
-
-    let mut senders = Vec::new();
-    for c in 0..clients {
-        let (queue, next, done, log, gave_up, cluster, client) = (
-            Arc::clone(&queue),
-            Arc::clone(&next),
-            Arc::clone(&done),
-            Arc::clone(&log),
-            Arc::clone(&gave_up),
-            Arc::clone(&cluster),
-            client.clone(),
-        );
-        senders.push(tokio::spawn(async move {
-            let mut rng = Rng(0x1234_5678_9abc_def1 ^ ((c as u64 + 1) << 20));
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&event) = queue.get(i) else { break };
-                if !deliver(&client, &cluster, event, &mut rng, &log).await {
-                    gave_up.fetch_add(1, Ordering::Relaxed);
-                }
-                done.fetch_add(1, Ordering::Relaxed);
-            }
-        }));
-    }
-
     // The faults, at fixed points of progress.
-    let total = queue.len();
-    let wait_for = |fraction: f64| {
-        let done = Arc::clone(&done);
-        async move {
-            while (done.load(Ordering::Relaxed) as f64) < total as f64 * fraction {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
-    wait_for(0.25).await;
+    senders.reached(0.25).await;
     let s = Arc::clone(&store);
     let outage_began = Instant::now();
     tokio::task::spawn_blocking(move || s.lock().unwrap().kill())
@@ -319,51 +144,22 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
         .await
         .unwrap();
     let outage = outage_began.elapsed();
-    let store_restarted_at = done.load(Ordering::Relaxed);
+    let store_restarted_at = senders.done();
 
-    wait_for(0.45).await;
-    let victim = children[VICTIM].take().unwrap();
-    let killed_at = done.load(Ordering::Relaxed);
+    senders.reached(0.45).await;
+    let killed_at = senders.done();
     let calls_before_kill = up.count();
-    let victim_log = tokio::task::spawn_blocking(move || victim.kill())
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let reborn = GATES; // the restarted process is instance 3
-    configs.push(instance_config(reborn, &up, &store_config));
-    let (child, addr) = spawn_gate(&configs[reborn]).await;
-    children.push(Some(child));
-    cluster.instances.lock().unwrap().push(Instance { addr });
-    cluster.slots.lock().unwrap()[VICTIM] = reborn;
-
-    for s in senders {
-        s.await.unwrap();
-    }
+    let victim_log = gates.kill_and_replace_victim().await;
+    let gave_up = senders.finish().await;
     // Let stalled app calls finish, so the records are complete.
     tokio::time::sleep(STALL).await;
     let elapsed = started.elapsed();
 
     // What the app answered 2xx for, per event, and through which process.
     let received = up.received();
-    let mut app_ok: HashMap<usize, Vec<usize>> = HashMap::new();
-    let (mut injected_500, mut injected_stall) = (0, 0);
-    for r in &received {
-        match r.status {
-            500 => injected_500 += 1,
-            503 => injected_stall += 1,
-            _ => {}
-        }
-        let Some(event) = serde_json::from_slice::<serde_json::Value>(&r.body)
-            .ok()
-            .and_then(|v| v["id"].as_str()?.strip_prefix("evt_chaos_")?.parse().ok())
-        else {
-            continue;
-        };
-        let instance: usize = r.uri[2..r.uri.find("/webhooks").unwrap()].parse().unwrap();
-        if (200..300).contains(&r.status) {
-            app_ok.entry(event).or_default().push(instance);
-        }
-    }
+    let app_ok = crowd::app_successes(&received, "evt_chaos_");
+    let injected_500 = received.iter().filter(|r| r.status == 500).count();
+    let injected_stall = received.iter().filter(|r| r.status == 503).count();
     let attempts = log.lock().unwrap().clone();
     // Per event: app successes through the victim that no sender was told
     // about (`forwarded` from the victim): the calls the kill cut off
@@ -371,7 +167,7 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
     let mut victim_forwarded: HashMap<usize, usize> = HashMap::new();
     for a in attempts
         .iter()
-        .filter(|a| a.instance == VICTIM && a.forwarded)
+        .filter(|a| a.process == VICTIM && a.forwarded)
     {
         *victim_forwarded.entry(a.event).or_default() += 1;
     }
@@ -412,9 +208,9 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
         "copies_per_event": copies,
         "deliveries": total,
         "concurrent_senders": clients,
-        "gate_instances": GATES,
+        "gate_instances": crowd::GATES,
         "attempts": attempts.len(),
-        "answers_2xx": count(&|a| matches!(a.seen, Seen::Status(s) if (200..300).contains(&s))),
+        "answers_2xx": count(&|a| a.seen.ok()),
         "answers_409_in_flight": count(&|a| a.seen == Seen::Status(409)),
         "answers_503_store_unavailable": count(&|a| a.seen == Seen::Status(503)),
         "answers_504_upstream_timeout": count(&|a| a.seen == Seen::Status(504)),
@@ -429,7 +225,7 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
         "app_calls_before_sigkill": calls_before_kill,
         "victim_log_lines": victim_log.len(),
         "victim_marks_pending_at_sigkill": pending_marks.len(),
-        "senders_gave_up": gave_up.load(Ordering::Relaxed),
+        "senders_gave_up": gave_up,
         "lost": lost.len(),
         "doubled": doubled.len(),
         "cut_off_by_sigkill": cut_off,
@@ -437,10 +233,8 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
     });
     println!("chaos figures: {figures}");
 
-    for child in children.into_iter().flatten() {
-        let _ = tokio::task::spawn_blocking(move || child.stop()).await;
-    }
-    assert_eq!(gave_up.load(Ordering::Relaxed), 0, "{figures}");
+    gates.stop().await;
+    assert_eq!(gave_up, 0, "{figures}");
     assert!(lost.is_empty(), "lost events {lost:?}\n{figures}");
     // A store outage that outlasts a lease is the other boundary: a mark
     // that could not land before the lease ran out. The restart is kept far

@@ -18,21 +18,17 @@
 //! though the app had it). Such doubles are counted.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hookgate::store::Store;
 use hookgate::store::outbox::{JobFilter, JobState, Outbox};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
-use crate::chaos::{
-    Cluster, GATES, HttpClient, Instance, Rng, Seen, VICTIM, attempt, env_usize, spawn_gate,
+use crate::chaos::crowd::{
+    GATES, Gates, Seen, Senders, VICTIM, app_successes, deliver, env_usize, http_client,
+    shuffled_copies,
 };
 use crate::support::fixture::{GateFixture, StoreConfig};
-use crate::support::gate::stripe_event;
 use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_server::RedisServer;
 use crate::support::store_server::StoreServer;
@@ -45,7 +41,6 @@ const QUEUE: &str = "[queue]\nretry_initial = \"100ms\"\nretry_max = \"1s\"\njit
 const APP_DOWN: Duration = Duration::from_secs(20);
 /// How long the relays get, after the senders are done, to drain.
 const DRAIN: Duration = Duration::from_secs(90);
-const SENDER_ATTEMPTS: u32 = 60;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_mode_through_faults_on_redis() {
@@ -57,11 +52,11 @@ async fn queue_mode_through_faults_on_postgres() {
     accepted_once_delivered_at_least_once(PostgresServer::start).await;
 }
 
-fn instance_config(instance: usize, up: &Upstream, store: &StoreConfig) -> GateFixture {
+fn process_config(n: usize, up: &Upstream, store: &StoreConfig) -> GateFixture {
     GateFixture::stripe()
         .provider_extra("mode = \"queue\"")
         .section(QUEUE)
-        .upstream_url(&format!("{}/i{instance}", up.url()))
+        .upstream_url(&format!("{}/i{n}", up.url()))
         .upstream_timeout("1s")
         .store(store.clone())
 }
@@ -75,58 +70,15 @@ struct Answers {
     broken: usize,
 }
 
-/// Sends one copy until a 2xx, like a provider; false if it gave up.
-async fn send(
-    client: &HttpClient,
-    cluster: &Cluster,
-    event: usize,
-    rng: &mut Rng,
-    answers: &Mutex<HashMap<usize, Answers>>,
-) -> bool {
-    let body = stripe_event(&format!("evt_qchaos_{event}"));
-    for n in 0..SENDER_ATTEMPTS {
-        let (_, addr) = cluster.pick(rng.next());
-        let (seen, result) = attempt(client, addr, &body).await;
-        {
-            let mut all = answers.lock().unwrap();
-            let mine = all.entry(event).or_default();
-            match (seen, result.as_deref()) {
-                (Seen::Status(202), Some("accepted")) => mine.accepted += 1,
-                (Seen::Status(202), Some("duplicate")) => mine.duplicate += 1,
-                (Seen::Status(_), _) => mine.refused += 1,
-                (Seen::Broken, _) => mine.broken += 1,
-            }
+impl Answers {
+    fn count(&mut self, seen: Seen, result: Option<&str>) {
+        match (seen, result) {
+            (Seen::Status(202), Some("accepted")) => self.accepted += 1,
+            (Seen::Status(202), Some("duplicate")) => self.duplicate += 1,
+            (Seen::Status(_), _) => self.refused += 1,
+            (Seen::Broken, _) => self.broken += 1,
         }
-        if matches!(seen, Seen::Status(s) if (200..300).contains(&s)) {
-            return true;
-        }
-        let backoff = (20u64 << n.min(6)).min(1000);
-        tokio::time::sleep(Duration::from_millis(
-            backoff / 2 + rng.next() % (backoff / 2 + 1),
-        ))
-        .await;
     }
-    false
-}
-
-/// The app's 2xx answers per event, and through which process each came.
-fn app_successes(up: &Upstream) -> HashMap<usize, Vec<usize>> {
-    let mut oks: HashMap<usize, Vec<usize>> = HashMap::new();
-    for r in up
-        .received()
-        .iter()
-        .filter(|r| (200..300).contains(&r.status))
-    {
-        let Some(event) = serde_json::from_slice::<serde_json::Value>(&r.body)
-            .ok()
-            .and_then(|v| v["id"].as_str()?.strip_prefix("evt_qchaos_")?.parse().ok())
-        else {
-            continue;
-        };
-        let instance = r.uri[2..r.uri.find("/webhooks").unwrap()].parse().unwrap();
-        oks.entry(event).or_default().push(instance);
-    }
-    oks
 }
 
 async fn accepted_once_delivered_at_least_once<S: StoreServer>(start: fn() -> S) {
@@ -144,93 +96,45 @@ async fn accepted_once_delivered_at_least_once<S: StoreServer>(start: fn() -> S)
     };
     up.set(flaky.clone());
 
-    let mut configs = Vec::new();
-    let mut children = Vec::new();
-    let mut instances = Vec::new();
-    for g in 0..GATES {
-        configs.push(instance_config(g, &up, &store_config));
-        let (child, addr) = spawn_gate(&configs[g]).await;
-        children.push(Some(child));
-        instances.push(Instance { addr });
-    }
-    let cluster = Arc::new(Cluster {
-        slots: Mutex::new([0, 1, 2]),
-        instances: Mutex::new(instances),
+    let app = up.clone();
+    let gates = Gates::start(move |n| process_config(n, &app, &store_config)).await;
+
+    let answers = Arc::new(Mutex::new(HashMap::<usize, Answers>::new()));
+    let order = shuffled_copies(events, copies, 0x5eed_cafe_f00d_0002);
+    let total = order.len();
+    let (client, senders_gates, senders_answers) =
+        (http_client(), Arc::clone(&gates), Arc::clone(&answers));
+    let senders = Senders::start(order, clients, 0x1234_5678_9abc_def3, move |event, rng| {
+        let (client, gates, answers) = (
+            client.clone(),
+            Arc::clone(&senders_gates),
+            Arc::clone(&senders_answers),
+        );
+        async move {
+            let id = format!("evt_qchaos_{event}");
+            deliver(&client, &gates, &id, rng, |_, seen, result| {
+                let mut all = answers.lock().unwrap();
+                all.entry(event).or_default().count(seen, result.as_deref());
+            })
+            .await
+        }
     });
 
-    let mut rng = Rng(0x5eed_cafe_f00d_0002);
-    let mut order: Vec<usize> = (0..events)
-        .flat_map(|e| std::iter::repeat_n(e, copies))
-        .collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-    }
-    let order = Arc::new(order);
-    let next = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicUsize::new(0));
-    let gave_up = Arc::new(AtomicUsize::new(0));
-    let answers = Arc::new(Mutex::new(HashMap::new()));
-    let client: HttpClient = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(2))
-        .build(HttpConnector::new());
-    let senders: Vec<_> = (0..clients)
-        .map(|c| {
-            let (order, next, done, gave_up, answers, cluster, client) = (
-                Arc::clone(&order),
-                Arc::clone(&next),
-                Arc::clone(&done),
-                Arc::clone(&gave_up),
-                Arc::clone(&answers),
-                Arc::clone(&cluster),
-                client.clone(),
-            );
-            tokio::spawn(async move {
-                let mut rng = Rng(0x1234_5678_9abc_def3 ^ ((c as u64 + 1) << 20));
-                while let Some(&event) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    if !send(&client, &cluster, event, &mut rng, &answers).await {
-                        gave_up.fetch_add(1, Ordering::Relaxed);
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-
-    let total = order.len();
-    let reached = |fraction: f64| {
-        let done = Arc::clone(&done);
-        async move {
-            while (done.load(Ordering::Relaxed) as f64) < total as f64 * fraction {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
     // A gate dies mid-run, its relay's attempts in flight with it.
-    reached(0.3).await;
-    let killed_at = done.load(Ordering::Relaxed);
-    let victim = children[VICTIM].take().unwrap();
-    let mut logs = tokio::task::spawn_blocking(move || victim.kill())
-        .await
-        .unwrap();
-    let reborn = GATES;
-    configs.push(instance_config(reborn, &up, &store_config));
-    let (child, addr) = spawn_gate(&configs[reborn]).await;
-    children.push(Some(child));
-    cluster.instances.lock().unwrap().push(Instance { addr });
-    cluster.slots.lock().unwrap()[VICTIM] = reborn;
+    senders.reached(0.3).await;
+    let killed_at = senders.done();
+    let mut logs = gates.kill_and_replace_victim().await;
     // The app goes down for 20 s; the accepts go on.
-    reached(0.5).await;
+    senders.reached(0.5).await;
     up.set(Behavior::Down);
     let app_down_at = Instant::now();
-    for s in senders {
-        s.await.unwrap();
-    }
+    let gave_up = senders.finish().await;
     tokio::time::sleep(APP_DOWN.saturating_sub(app_down_at.elapsed())).await;
     up.set(flaky);
     let senders_done = started.elapsed();
 
     // The relays drain the outbox.
-    let settings = hookgate::config::load(&hookgate::config::figment_from_str(&configs[0].toml()))
+    let settings = hookgate::config::load(&hookgate::config::figment_from_str(&gates.toml()))
         .expect("the run's config");
     let store = Store::open(&settings.store).await.expect("open the store");
     let pending = JobFilter {
@@ -244,7 +148,7 @@ async fn accepted_once_delivered_at_least_once<S: StoreServer>(start: fn() -> S)
             .jobs(pending.clone(), 10_000)
             .await
             .map_or(usize::MAX, |j| j.len());
-        if left == 0 && app_successes(&up).len() == events {
+        if left == 0 && app_successes(&up.received(), "evt_qchaos_").len() == events {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -267,14 +171,10 @@ async fn accepted_once_delivered_at_least_once<S: StoreServer>(start: fn() -> S)
     }
     let dead = jobs.iter().filter(|j| j.state == JobState::Dead).count();
 
-    for child in children.into_iter().flatten() {
-        if let Ok((_, lines)) = tokio::task::spawn_blocking(move || child.stop()).await {
-            logs.extend(lines);
-        }
-    }
+    logs.extend(gates.stop().await);
     let unsettled = unsettled(&logs);
 
-    let oks = app_successes(&up);
+    let oks = app_successes(&up.received(), "evt_qchaos_");
     let answers = std::mem::take(&mut *answers.lock().unwrap());
     let (mut lost, mut doubled, mut unexplained, mut twice_accepted) = (vec![], 0, vec![], vec![]);
     let (mut via_victim_doubles, mut via_unsettled_doubles) = (0, 0);
@@ -316,7 +216,7 @@ async fn accepted_once_delivered_at_least_once<S: StoreServer>(start: fn() -> S)
         "answers_duplicate": sum(|a| a.duplicate),
         "answers_refused": sum(|a| a.refused),
         "broken_connections": sum(|a| a.broken),
-        "senders_gave_up": gave_up.load(Ordering::Relaxed),
+        "senders_gave_up": gave_up,
         "app_calls": received.len(),
         "app_calls_failed_500": received.iter().filter(|r| r.status == 500).count(),
         "app_down_seconds": APP_DOWN.as_secs(),
@@ -332,7 +232,7 @@ async fn accepted_once_delivered_at_least_once<S: StoreServer>(start: fn() -> S)
         "seconds_until_drained": drained.as_secs_f64(),
     });
     println!("queue chaos figures: {figures}");
-    assert_eq!(gave_up.load(Ordering::Relaxed), 0, "{figures}");
+    assert_eq!(gave_up, 0, "{figures}");
     assert!(
         twice_accepted.is_empty(),
         "accepted twice: {twice_accepted:?}\n{figures}"

@@ -35,37 +35,21 @@ async fn cluster() -> &'static RedisCluster {
         .expect("start the shared cluster")
 }
 
-pub struct RedisClusterHarness {
+/// A store on the shared cluster under a prefix of its own; with `QUEUE`,
+/// `stripe` (the suites' provider) is in queue mode.
+pub struct ClusterHarness<const QUEUE: bool> {
     prefix: String,
     store: Arc<RedisStore>,
 }
 
-impl Harness for RedisClusterHarness {
-    type Store = RedisStore;
+pub type RedisClusterHarness = ClusterHarness<false>;
+pub type RedisClusterOutbox = ClusterHarness<true>;
 
-    async fn start() -> Self {
-        cluster().await;
-        let prefix = unique_prefix();
-        let store = Arc::new(open(&prefix, &[]).await);
-        Self { prefix, store }
+impl<const QUEUE: bool> ClusterHarness<QUEUE> {
+    async fn open(prefix: &str) -> RedisStore {
+        open(prefix, if QUEUE { &["stripe"] } else { &[] }).await
     }
 
-    fn store(&self) -> Arc<RedisStore> {
-        Arc::clone(&self.store)
-    }
-
-    async fn replica(&self) -> Arc<RedisStore> {
-        Arc::new(open(&self.prefix, &[]).await)
-    }
-}
-
-/// `stripe` in queue mode, as in the single-server outbox harness.
-pub struct RedisClusterOutbox {
-    prefix: String,
-    store: Arc<RedisStore>,
-}
-
-impl RedisClusterOutbox {
     /// Sets (or deletes) every shard's due set, one slot at a time.
     async fn due_sets(&self, broken: bool) {
         let client = redis::cluster::ClusterClient::new(vec![RedisCluster::shared().url()])
@@ -86,13 +70,13 @@ impl RedisClusterOutbox {
     }
 }
 
-impl OutboxHarness for RedisClusterOutbox {
+impl<const QUEUE: bool> Harness for ClusterHarness<QUEUE> {
     type Store = RedisStore;
 
     async fn start() -> Self {
         cluster().await;
         let prefix = unique_prefix();
-        let store = Arc::new(open(&prefix, &["stripe"]).await);
+        let store = Arc::new(Self::open(&prefix).await);
         Self { prefix, store }
     }
 
@@ -101,9 +85,11 @@ impl OutboxHarness for RedisClusterOutbox {
     }
 
     async fn replica(&self) -> Arc<RedisStore> {
-        Arc::new(open(&self.prefix, &["stripe"]).await)
+        Arc::new(Self::open(&self.prefix).await)
     }
+}
 
+impl OutboxHarness for RedisClusterOutbox {
     async fn break_outbox(&self) {
         self.due_sets(true).await;
     }

@@ -65,6 +65,13 @@ pub struct SqliteHarness {
     store: Arc<SqliteStore>,
 }
 
+impl SqliteHarness {
+    /// The store's file, for a test that reaches in beside the store.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
 impl Harness for SqliteHarness {
     type Store = SqliteStore;
 
@@ -104,6 +111,12 @@ pub trait ServedStore: Backend + Sized + 'static {
 pub struct ServerHarness<S: ServedStore> {
     server: S::Server,
     store: Arc<S>,
+}
+
+impl<S: ServedStore> ServerHarness<S> {
+    pub fn server(&self) -> &S::Server {
+        &self.server
+    }
 }
 
 pub type RedisHarness = ServerHarness<RedisStore>;

@@ -12,21 +12,13 @@ use hookgate::store::outbox::{
 };
 use hookgate::store::{Backend, Claim, Existing, KeyRecord, Snapshot};
 
-use super::harness::{LONG, RETAIN, key};
+use super::harness::{Harness, LONG, RETAIN, key};
 
 mod backends;
 
-/// A fresh, empty durable store whose outbox a test can break and repair.
-pub trait OutboxHarness: Send + Sync + Sized + 'static {
-    type Store: Backend + Outbox + 'static;
-
-    fn start() -> impl Future<Output = Self> + Send;
-
-    fn store(&self) -> Arc<Self::Store>;
-
-    /// A second store over the same data, as another gate replica opens it.
-    fn replica(&self) -> impl Future<Output = Arc<Self::Store>> + Send;
-
+/// A fresh, empty durable store (and its replicas, as for the dedupe
+/// suite) whose outbox a test can break and repair.
+pub trait OutboxHarness: Harness<Store: Outbox> {
     /// Makes every outbox write fail from outside, as a full disk or a bug
     /// would, while the dedupe side keeps working.
     fn break_outbox(&self) -> impl Future<Output = ()> + Send;

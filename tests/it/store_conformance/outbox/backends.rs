@@ -1,120 +1,65 @@
 //! How the outbox suite gets each durable backend, and breaks its outbox.
+//! Sqlite and postgres reuse the dedupe suite's harnesses; redis opens its
+//! store with `stripe`, the suite's provider, in queue mode.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use hookgate::store::{PostgresStore, RedisStore, SqliteStore};
-use tempfile::TempDir;
+use hookgate::store::RedisStore;
 
 pub use crate::store_conformance::cluster::RedisClusterOutbox;
+pub use crate::store_conformance::harness::{
+    PostgresHarness as PostgresOutbox, SqliteHarness as SqliteOutbox,
+};
 
 use super::OutboxHarness;
-use crate::store_conformance::harness::{REDIS_OP_TIMEOUT, REDIS_PREFIX, open_postgres};
-use crate::support::postgres_server::PostgresServer;
+use crate::store_conformance::harness::{Harness, REDIS_OP_TIMEOUT, REDIS_PREFIX};
 use crate::support::redis_server::RedisServer;
 
-pub struct SqliteOutbox {
-    _dir: TempDir,
-    path: PathBuf,
-    store: Arc<SqliteStore>,
-}
-
-impl SqliteOutbox {
-    fn sql(&self, sql: &str) {
-        let conn = rusqlite::Connection::open(&self.path).expect("open the sqlite file");
-        conn.execute_batch(sql).expect(sql);
-    }
-}
+/// A trigger that fails every insert into the outbox.
+const SQLITE_BROKEN: &str = "CREATE TRIGGER broken BEFORE INSERT ON outbox
+                             BEGIN SELECT RAISE(ABORT, 'injected'); END;";
+const POSTGRES_BROKEN: &str = "
+CREATE FUNCTION hookgate_test_broken() RETURNS trigger LANGUAGE plpgsql AS
+    $$ BEGIN RAISE EXCEPTION 'injected'; END $$;
+CREATE TRIGGER broken BEFORE INSERT ON hookgate_outbox
+    FOR EACH ROW EXECUTE FUNCTION hookgate_test_broken();";
 
 impl OutboxHarness for SqliteOutbox {
-    type Store = SqliteStore;
-
-    async fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("hookgate.db");
-        let store = SqliteStore::open(&path).await.expect("open sqlite store");
-        Self {
-            _dir: dir,
-            path,
-            store: Arc::new(store),
-        }
-    }
-
-    fn store(&self) -> Arc<SqliteStore> {
-        Arc::clone(&self.store)
-    }
-
-    async fn replica(&self) -> Arc<SqliteStore> {
-        let store = SqliteStore::open(&self.path).await.expect("open replica");
-        Arc::new(store)
-    }
-
     async fn break_outbox(&self) {
-        self.sql(
-            "CREATE TRIGGER broken BEFORE INSERT ON outbox
-             BEGIN SELECT RAISE(ABORT, 'injected'); END;",
-        );
+        sqlite(self, SQLITE_BROKEN);
     }
 
     async fn repair_outbox(&self) {
-        self.sql("DROP TRIGGER broken");
+        sqlite(self, "DROP TRIGGER broken");
     }
 }
 
-pub struct PostgresOutbox {
-    server: PostgresServer,
-    store: Arc<PostgresStore>,
-}
-
-impl PostgresOutbox {
-    async fn sql(&self, sql: &str) {
-        let (client, connection) =
-            tokio_postgres::connect(&self.server.url(), tokio_postgres::NoTls)
-                .await
-                .expect("connect to the test server");
-        tokio::spawn(connection);
-        client.batch_execute(sql).await.expect(sql);
-    }
+fn sqlite(h: &SqliteOutbox, sql: &str) {
+    let conn = rusqlite::Connection::open(h.path()).expect("open the sqlite file");
+    conn.execute_batch(sql).expect(sql);
 }
 
 impl OutboxHarness for PostgresOutbox {
-    type Store = PostgresStore;
-
-    async fn start() -> Self {
-        let server = PostgresServer::start();
-        let store = open_postgres(&server.url()).await;
-        Self {
-            server,
-            store: Arc::new(store),
-        }
-    }
-
-    fn store(&self) -> Arc<PostgresStore> {
-        Arc::clone(&self.store)
-    }
-
-    async fn replica(&self) -> Arc<PostgresStore> {
-        Arc::new(open_postgres(&self.server.url()).await)
-    }
-
     async fn break_outbox(&self) {
-        self.sql(
-            "CREATE FUNCTION hookgate_test_broken() RETURNS trigger LANGUAGE plpgsql AS
-                 $$ BEGIN RAISE EXCEPTION 'injected'; END $$;
-             CREATE TRIGGER broken BEFORE INSERT ON hookgate_outbox
-                 FOR EACH ROW EXECUTE FUNCTION hookgate_test_broken();",
-        )
-        .await;
+        postgres(self, POSTGRES_BROKEN).await;
     }
 
     async fn repair_outbox(&self) {
-        self.sql("DROP TRIGGER broken ON hookgate_outbox; DROP FUNCTION hookgate_test_broken();")
-            .await;
+        let repair =
+            "DROP TRIGGER broken ON hookgate_outbox; DROP FUNCTION hookgate_test_broken();";
+        postgres(self, repair).await;
     }
 }
 
-/// Redis with `stripe`, the suite's provider, in queue mode: its keys and
-/// jobs live in the outbox shards.
+async fn postgres(h: &PostgresOutbox, sql: &str) {
+    let url = h.server().url();
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test server");
+    tokio::spawn(connection);
+    client.batch_execute(sql).await.expect(sql);
+}
+
 pub struct RedisOutbox {
     server: RedisServer,
     store: Arc<RedisStore>,
@@ -145,16 +90,13 @@ impl RedisOutbox {
     }
 }
 
-impl OutboxHarness for RedisOutbox {
+impl Harness for RedisOutbox {
     type Store = RedisStore;
 
     async fn start() -> Self {
         let server = RedisServer::start();
-        let store = Self::open(&server.url()).await;
-        Self {
-            server,
-            store: Arc::new(store),
-        }
+        let store = Arc::new(Self::open(&server.url()).await);
+        Self { server, store }
     }
 
     fn store(&self) -> Arc<RedisStore> {
@@ -164,7 +106,9 @@ impl OutboxHarness for RedisOutbox {
     async fn replica(&self) -> Arc<RedisStore> {
         Arc::new(Self::open(&self.server.url()).await)
     }
+}
 
+impl OutboxHarness for RedisOutbox {
     async fn break_outbox(&self) {
         let mut set = redis::cmd("MSET");
         for key in Self::due_keys() {
