@@ -284,20 +284,17 @@ async fn sign_prints_headers_the_gate_accepts() {
     let path = config.config_file();
     let body_path = config.dir().join("body.json");
     std::fs::write(&body_path, b"{\"type\":\"invoice.paid\"}").unwrap();
-    let out = hookgate()
-        .args(["sign", "--provider", "std", "--id", "msg_cli_1", "--config"])
-        .arg(&path)
-        .arg("--body")
-        .arg(&body_path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let headers: Vec<(String, String)> = String::from_utf8(out.stdout)
-        .unwrap()
+    let body_arg = body_path.to_str().unwrap();
+    let args = [
+        "sign",
+        "--provider",
+        "std",
+        "--id",
+        "msg_cli_1",
+        "--body",
+        body_arg,
+    ];
+    let headers: Vec<(String, String)> = run_ok(&path, &args)
         .lines()
         .filter_map(|l| l.split_once(": "))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -429,11 +426,15 @@ fn config_errors_name_the_variable_that_set_a_key() {
 }
 
 fn run_keys(path: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    run(path, &[&["keys"], args].concat())
+}
+
+/// `hookgate <args> --config <config>`: (exit code, stdout, stderr).
+pub fn run(config: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
     let out = hookgate()
-        .arg("keys")
         .args(args)
         .arg("--config")
-        .arg(path)
+        .arg(config)
         .output()
         .unwrap();
     (
@@ -441,6 +442,13 @@ fn run_keys(path: &std::path::Path, args: &[&str]) -> (Option<i32>, String, Stri
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Like [`run`], for a command that must succeed: its stdout.
+pub fn run_ok(config: &std::path::Path, args: &[&str]) -> String {
+    let (code, stdout, stderr) = run(config, args);
+    assert_eq!(code, Some(0), "hookgate {args:?}: {stdout}{stderr}");
+    stdout
 }
 
 /// Issue 18, item 6.

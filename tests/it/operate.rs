@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use hookgate::provider::Scheme;
 
+use crate::cli::run_ok;
 use crate::support::fixture::GateFixture;
 use crate::support::gate::{SECRET, post, signed, stripe_event};
 use crate::support::upstream::{Behavior, Upstream};
@@ -202,41 +203,16 @@ async fn keys_forget_lets_the_redelivery_through() {
     assert_eq!(gate.deliver(&body).await.result(), "forwarded");
     assert_eq!(gate.deliver(&body).await.result(), "duplicate");
 
-    let get = hookgate()
-        .args([
-            "keys",
-            "get",
-            "--provider",
-            "stripe",
-            "evt_Forget",
-            "--config",
-        ])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let shown = String::from_utf8_lossy(&get.stdout);
-    assert!(
-        get.status.success() && shown.contains("completed (status 200"),
-        "{shown}"
+    let shown = run_ok(
+        &path,
+        &["keys", "get", "--provider", "stripe", "evt_Forget"],
     );
-    let forget = hookgate()
-        .args([
-            "keys",
-            "forget",
-            "--provider",
-            "stripe",
-            "evt_forget",
-            "--config",
-        ])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        forget.status.success(),
-        "{}",
-        String::from_utf8_lossy(&forget.stderr)
+    assert!(shown.contains("completed (status 200"), "{shown}");
+    let forgot = run_ok(
+        &path,
+        &["keys", "forget", "--provider", "stripe", "evt_forget"],
     );
-    assert!(String::from_utf8_lossy(&forget.stdout).contains("forgotten"));
+    assert!(forgot.contains("forgotten"), "{forgot}");
 
     assert_eq!(gate.deliver(&body).await.result(), "forwarded");
     assert_eq!(gate.upstream().count(), 2);

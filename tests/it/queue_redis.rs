@@ -10,7 +10,7 @@ use hookgate::config;
 use hookgate::store::outbox::{Accept, AcceptPolicy, NewJob, Outbox};
 use hookgate::store::{Backend, BackendSettings, ScopedKey, Snapshot, Store, StoreSettings};
 
-use crate::cli::hookgate;
+use crate::cli::run_ok;
 use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::stripe_event;
 use crate::support::redis_server::RedisServer;
@@ -183,18 +183,10 @@ async fn keys_get_and_forget_reach_a_queue_providers_key() {
     assert_eq!(gate.deliver(&body).await.result(), "accepted");
     let path = gate.fixture().config_file();
     let run = |action: &str| {
-        let out = hookgate()
-            .args(["keys", action, "--provider", "stripe", "evt_rq_cli"])
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        run_ok(
+            &path,
+            &["keys", action, "--provider", "stripe", "evt_rq_cli"],
+        )
     };
     let shown = run("get");
     assert!(shown.contains("completed (status 202"), "{shown}");

@@ -2,21 +2,13 @@
 //! health on `/metrics`, and `hookgate keys`. (Readiness and failing closed
 //! while the database is away are the shared fault suite's, in `faults`.)
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
+use crate::cli::run_ok;
 use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::stripe_event;
 use crate::support::postgres_server::PostgresServer;
 use crate::support::store_server::StoreServer;
-
-fn keys(config: &std::path::Path, action: &str, key: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hookgate"))
-        .args(["keys", action, "--provider", "stripe", key, "--config"])
-        .arg(config)
-        .output()
-        .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gate_runs_on_postgres() {
@@ -50,19 +42,10 @@ async fn the_gate_runs_on_postgres() {
     assert!(last > 1.7e9, "maintenance ran: {last}");
     assert!(text.contains("hookgate_store_operation_duration_seconds_count{backend=\"postgres\",operation=\"claim\"} 2"), "{text}");
 
-    let get = keys(&path, "get", "evt_PG");
-    let shown = String::from_utf8_lossy(&get.stdout);
-    assert!(
-        get.status.success() && shown.contains("completed (status 200"),
-        "{shown}{}",
-        String::from_utf8_lossy(&get.stderr)
-    );
-    let forget = keys(&path, "forget", "evt_pg");
-    assert!(
-        String::from_utf8_lossy(&forget.stdout).contains("forgotten"),
-        "{}",
-        String::from_utf8_lossy(&forget.stderr)
-    );
+    let shown = run_ok(&path, &["keys", "get", "--provider", "stripe", "evt_PG"]);
+    assert!(shown.contains("completed (status 200"), "{shown}");
+    let forgot = run_ok(&path, &["keys", "forget", "--provider", "stripe", "evt_pg"]);
+    assert!(forgot.contains("forgotten"), "{forgot}");
     assert_eq!(gate.deliver(&body).await.result(), "forwarded");
     assert_eq!(gate.upstream().count(), 2);
     gate.shutdown().await;
