@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use self::crowd::{Gates, Seen, Senders, VICTIM, deliver, env_usize, http_client, shuffled_copies};
+use self::crowd::{Gates, Seen, Senders, VICTIM, env_usize, shuffled_copies};
 use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_cluster::RedisCluster;
@@ -109,27 +109,22 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
     let log = Arc::new(Mutex::new(Vec::new()));
     let order = shuffled_copies(events, copies, 0x5eed_cafe_f00d_0001);
     let total = order.len();
-    let (client, senders_gates, senders_log) =
-        (http_client(), Arc::clone(&gates), Arc::clone(&log));
-    let senders = Senders::start(order, clients, 0x1234_5678_9abc_def1, move |event, rng| {
-        let (client, gates, log) = (
-            client.clone(),
-            Arc::clone(&senders_gates),
-            Arc::clone(&senders_log),
-        );
-        async move {
-            let id = format!("evt_chaos_{event}");
-            deliver(&client, &gates, &id, rng, |process, seen, result| {
-                log.lock().unwrap().push(Attempt {
-                    event,
-                    process,
-                    seen,
-                    forwarded: result.as_deref() == Some("forwarded"),
-                });
-            })
-            .await
-        }
-    });
+    let attempts_log = Arc::clone(&log);
+    let senders = Senders::start(
+        &gates,
+        order,
+        clients,
+        0x1234_5678_9abc_def1,
+        "evt_chaos_",
+        move |event, process, seen, result| {
+            attempts_log.lock().unwrap().push(Attempt {
+                event,
+                process,
+                seen,
+                forwarded: result.as_deref() == Some("forwarded"),
+            });
+        },
+    );
 
     // The faults, at fixed points of progress.
     senders.reached(0.25).await;

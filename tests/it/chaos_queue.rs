@@ -25,8 +25,7 @@ use hookgate::store::Store;
 use hookgate::store::outbox::{JobFilter, JobState, Outbox};
 
 use crate::chaos::crowd::{
-    GATES, Gates, Seen, Senders, VICTIM, app_successes, deliver, env_usize, http_client,
-    shuffled_copies,
+    GATES, Gates, Seen, Senders, VICTIM, app_successes, env_usize, shuffled_copies,
 };
 use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::postgres_server::PostgresServer;
@@ -102,23 +101,20 @@ async fn accepted_once_delivered_at_least_once<S: StoreServer>(start: fn() -> S)
     let answers = Arc::new(Mutex::new(HashMap::<usize, Answers>::new()));
     let order = shuffled_copies(events, copies, 0x5eed_cafe_f00d_0002);
     let total = order.len();
-    let (client, senders_gates, senders_answers) =
-        (http_client(), Arc::clone(&gates), Arc::clone(&answers));
-    let senders = Senders::start(order, clients, 0x1234_5678_9abc_def3, move |event, rng| {
-        let (client, gates, answers) = (
-            client.clone(),
-            Arc::clone(&senders_gates),
-            Arc::clone(&senders_answers),
-        );
-        async move {
-            let id = format!("evt_qchaos_{event}");
-            deliver(&client, &gates, &id, rng, |_, seen, result| {
-                let mut all = answers.lock().unwrap();
-                all.entry(event).or_default().count(seen, result.as_deref());
-            })
-            .await
-        }
-    });
+    let seen = Arc::clone(&answers);
+    let senders = Senders::start(
+        &gates,
+        order,
+        clients,
+        0x1234_5678_9abc_def3,
+        "evt_qchaos_",
+        move |event, _, answer, result| {
+            let mut all = seen.lock().unwrap();
+            all.entry(event)
+                .or_default()
+                .count(answer, result.as_deref());
+        },
+    );
 
     // A gate dies mid-run, its relay's attempts in flight with it.
     senders.reached(0.3).await;

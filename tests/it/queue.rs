@@ -6,10 +6,10 @@
 
 use std::time::{Duration, Instant};
 
-use hookgate::store::outbox::{JobFilter, JobState, Outbox};
+use hookgate::store::outbox::{JobFilter, JobState, JobSummary, Outbox};
 use hookgate::store::{Backend, ScopedKey};
 
-use crate::support::fixture::{GateFixture, StoreConfig};
+use crate::support::fixture::{Gate, GateFixture, StoreConfig};
 use crate::support::gate::stripe_event;
 use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_server::RedisServer;
@@ -39,6 +39,19 @@ async fn poll<T, F: Future<Output = T>>(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The one job in the gate's outbox; fails the test unless there is
+/// exactly one.
+async fn only_job(gate: &Gate) -> JobSummary {
+    let mut jobs = gate
+        .gate
+        .store
+        .jobs(JobFilter::default(), 10)
+        .await
+        .unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    jobs.pop().unwrap()
 }
 
 /// Waits (at most 10 s) until `done` holds.
@@ -92,15 +105,11 @@ async fn accepted_then_relayed(store: StoreConfig) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(up.count(), 1, "a duplicate enqueues nothing");
 
-    let jobs = gate
-        .gate
-        .store
-        .jobs(JobFilter::default(), 10)
-        .await
-        .unwrap();
-    assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0].state, JobState::Delivered);
-    assert_eq!(jobs[0].last_status, Some(200));
+    let job = only_job(&gate).await;
+    assert_eq!(
+        (job.state, job.last_status),
+        (JobState::Delivered, Some(200))
+    );
     gate.shutdown().await;
 }
 
@@ -124,14 +133,7 @@ async fn failures_are_retried_with_backoff_until_delivered() {
     let expected: Vec<String> = (1..=attempts.len()).map(|n| n.to_string()).collect();
     assert_eq!(attempts, expected, "one attempt series, numbered");
     // The sender was never asked to retry: one accept, many attempts.
-    let jobs = gate
-        .gate
-        .store
-        .jobs(JobFilter::default(), 10)
-        .await
-        .unwrap();
-    assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0].state, JobState::Delivered);
+    assert_eq!(only_job(&gate).await.state, JobState::Delivered);
     gate.shutdown().await;
 }
 

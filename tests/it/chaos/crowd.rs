@@ -3,7 +3,6 @@
 //! balancer, one of which is SIGKILLed and replaced mid-run, and a crowd of
 //! senders that deliver every copy of every event like providers do.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -145,8 +144,8 @@ pub fn shuffled_copies(events: usize, copies: usize, seed: u64) -> Vec<usize> {
     order
 }
 
-/// `clients` tasks sending the copies of `order` in turn; each copy's
-/// `send` gets its own generator and says whether it got a 2xx.
+/// `clients` tasks delivering the copies of `order` in turn, each like a
+/// provider (see [`deliver`]), event `n` as `{prefix}{n}`.
 pub struct Senders {
     total: usize,
     done: Arc<AtomicUsize>,
@@ -155,25 +154,35 @@ pub struct Senders {
 }
 
 impl Senders {
-    pub fn start<F, Fut>(order: Vec<usize>, clients: usize, seed: u64, send: F) -> Self
-    where
-        F: Fn(usize, Rng) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = bool> + Send,
-    {
+    /// Starts the senders; `on_attempt(event, process, answer,
+    /// Hookgate-Result)` hears of every attempt.
+    pub fn start(
+        gates: &Arc<Gates>,
+        order: Vec<usize>,
+        clients: usize,
+        seed: u64,
+        prefix: &'static str,
+        on_attempt: impl Fn(usize, usize, Seen, Option<String>) + Send + Sync + 'static,
+    ) -> Self {
         let total = order.len();
-        let (order, send) = (Arc::new(order), Arc::new(send));
+        let (order, on_attempt) = (Arc::new(order), Arc::new(on_attempt));
+        let client = http_client();
         let next = Arc::new(AtomicUsize::new(0));
         let done = Arc::new(AtomicUsize::new(0));
         let gave_up = Arc::new(AtomicUsize::new(0));
         let tasks = (0..clients)
             .map(|c| {
-                let (order, send, next) =
-                    (Arc::clone(&order), Arc::clone(&send), Arc::clone(&next));
+                let (order, next, gates) =
+                    (Arc::clone(&order), Arc::clone(&next), Arc::clone(gates));
                 let (done, gave_up) = (Arc::clone(&done), Arc::clone(&gave_up));
+                let (client, on_attempt) = (client.clone(), Arc::clone(&on_attempt));
                 tokio::spawn(async move {
                     let mut rng = Rng(seed ^ ((c as u64 + 1) << 20));
                     while let Some(&event) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if !send(event, Rng(rng.next() | 1)).await {
+                        let id = format!("{prefix}{event}");
+                        let seen =
+                            |process, answer, result| on_attempt(event, process, answer, result);
+                        if !deliver(&client, &gates, &id, Rng(rng.next() | 1), seen).await {
                             gave_up.fetch_add(1, Ordering::Relaxed);
                         }
                         done.fetch_add(1, Ordering::Relaxed);
@@ -213,7 +222,7 @@ impl Senders {
 /// Delivers one copy of `event` like a provider: until a 2xx, with capped
 /// exponential backoff and jitter, on whichever process the balancer picks;
 /// `seen` hears of every attempt (process, answer, `Hookgate-Result`).
-pub async fn deliver(
+async fn deliver(
     client: &HttpClient,
     gates: &Gates,
     event: &str,
@@ -235,7 +244,7 @@ pub async fn deliver(
     false
 }
 
-pub fn http_client() -> HttpClient {
+fn http_client() -> HttpClient {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(2))
         .build(HttpConnector::new())
