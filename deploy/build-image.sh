@@ -54,8 +54,11 @@ fi
 deploy/image-rootfs.sh "$BIN" "$CONTEXT"
 "${BUILDAH[@]}" bud --quiet -f deploy/Dockerfile --build-arg ROOTFS_FROM=prebuilt \
   -t "$IMAGE" "$CONTEXT" >/dev/null
-# The `prebuilt` stage's image and a previous build under the same tag.
-"${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true
+# buildah 1.28 leaves a working container behind for the `rootfs` stage;
+# then the `prebuilt` stage's image and a previous build under the same tag
+# can go. The store is this script's own (deploy/ci/containers.sh).
+"${BUILDAH[@]}" rm --all >/dev/null
+"${BUILDAH[@]}" rmi --prune >/dev/null
 t2=$(date +%s)
 
 echo "built $IMAGE: binary $(du -k "$BIN" | cut -f1) KiB (profile $PROFILE, cargo $((t1 - t0)) s)," \
