@@ -103,17 +103,19 @@ impl Harness for SqliteHarness {
 pub trait ServedStore: Backend + Sized + 'static {
     type Server: StoreServer + Sync;
 
-    fn open(url: &str) -> impl Future<Output = Self> + Send;
+    /// The store on the server at `url`; with `queue`, `stripe` (the
+    /// suites' provider) in queue mode where the backend cares.
+    fn open(url: &str, queue: bool) -> impl Future<Output = Self> + Send;
 }
 
 /// A fresh server and a store on it; a replica is a second store opened on
-/// the same server.
-pub struct ServerHarness<S: ServedStore> {
+/// the same server. `QUEUE`: see [`ServedStore::open`].
+pub struct ServerHarness<S: ServedStore, const QUEUE: bool = false> {
     server: S::Server,
     store: Arc<S>,
 }
 
-impl<S: ServedStore> ServerHarness<S> {
+impl<S: ServedStore, const QUEUE: bool> ServerHarness<S, QUEUE> {
     pub fn server(&self) -> &S::Server {
         &self.server
     }
@@ -123,12 +125,12 @@ pub type RedisHarness = ServerHarness<RedisStore>;
 pub type PostgresHarness = ServerHarness<PostgresStore>;
 pub use super::cluster::RedisClusterHarness;
 
-impl<S: ServedStore> Harness for ServerHarness<S> {
+impl<S: ServedStore, const QUEUE: bool> Harness for ServerHarness<S, QUEUE> {
     type Store = S;
 
     async fn start() -> Self {
         let server = S::Server::start();
-        let store = Arc::new(S::open(&server.url()).await);
+        let store = Arc::new(S::open(&server.url(), QUEUE).await);
         Self { server, store }
     }
 
@@ -137,22 +139,24 @@ impl<S: ServedStore> Harness for ServerHarness<S> {
     }
 
     async fn replica(&self) -> Arc<S> {
-        Arc::new(S::open(&self.server.url()).await)
+        Arc::new(S::open(&self.server.url(), QUEUE).await)
     }
 }
 
 impl ServedStore for RedisStore {
     type Server = RedisServer;
 
-    async fn open(url: &str) -> Self {
-        open_redis(url).await
+    /// Queue mode moves `stripe`'s keys into the outbox shards.
+    async fn open(url: &str, queue: bool) -> Self {
+        let queued = queue.then(|| "stripe".to_owned());
+        open_redis(url).await.queue_mode(queued)
     }
 }
 
 impl ServedStore for PostgresStore {
     type Server = PostgresServer;
 
-    async fn open(url: &str) -> Self {
+    async fn open(url: &str, _queue: bool) -> Self {
         open_postgres(url).await
     }
 }

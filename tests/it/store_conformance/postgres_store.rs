@@ -27,6 +27,12 @@ async fn raw(server: &PostgresServer) -> tokio_postgres::Client {
     client
 }
 
+/// How many rows `table` holds.
+async fn row_count(client: &tokio_postgres::Client, table: &str) -> i64 {
+    let count = format!("SELECT count(*) FROM {table}");
+    client.query_one(&count, &[]).await.unwrap().get(0)
+}
+
 /// The partitions of `processed_events`, by name, oldest first.
 async fn partitions(client: &tokio_postgres::Client) -> Vec<String> {
     client
@@ -93,11 +99,7 @@ async fn open_creates_partitions_for_today_and_the_days_ahead() {
     let replica = open_postgres(&server.url()).await;
     replica.run_maintenance().await.unwrap();
     assert_eq!(partitions(&client).await, expected);
-    let versions: i64 = client
-        .query_one("SELECT count(*) FROM hookgate_schema_migrations", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let versions = row_count(&client, "hookgate_schema_migrations").await;
     assert_eq!(versions, 3, "one row per migration, each applied once");
 }
 
@@ -206,11 +208,7 @@ async fn forget_keeps_the_record_as_an_audit_trail() {
             ("completed".to_owned(), second.0, 202),
         ]
     );
-    let claims: i64 = client
-        .query_one("SELECT count(*) FROM hookgate_claims", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let claims = row_count(&client, "hookgate_claims").await;
     assert_eq!(claims, 0, "a completed key leaves no claim row behind");
 }
 

@@ -2,8 +2,6 @@
 //! Sqlite and postgres reuse the dedupe suite's harnesses; redis opens its
 //! store with `stripe`, the suite's provider, in queue mode.
 
-use std::sync::Arc;
-
 use hookgate::store::RedisStore;
 
 pub use crate::store_conformance::cluster::RedisClusterOutbox;
@@ -12,8 +10,7 @@ pub use crate::store_conformance::harness::{
 };
 
 use super::OutboxHarness;
-use crate::store_conformance::harness::{Harness, REDIS_OP_TIMEOUT, REDIS_PREFIX};
-use crate::support::redis_server::RedisServer;
+use crate::store_conformance::harness::{REDIS_PREFIX, ServerHarness};
 
 /// A trigger that fails every insert into the outbox.
 const SQLITE_BROKEN: &str = "CREATE TRIGGER broken BEFORE INSERT ON outbox
@@ -60,64 +57,36 @@ async fn postgres(h: &PostgresOutbox, sql: &str) {
     client.batch_execute(sql).await.expect(sql);
 }
 
-pub struct RedisOutbox {
-    server: RedisServer,
-    store: Arc<RedisStore>,
+/// Redis with `stripe` in queue mode: its keys and jobs live in the
+/// outbox shards.
+pub type RedisOutbox = ServerHarness<RedisStore, true>;
+
+/// Every shard's due set: making them strings breaks every accept.
+fn due_keys() -> Vec<String> {
+    (0..16)
+        .map(|n| format!("{REDIS_PREFIX}:{{q{n:02}}}:#due"))
+        .collect()
 }
 
-impl RedisOutbox {
-    async fn open(url: &str) -> RedisStore {
-        RedisStore::open(url, REDIS_PREFIX, REDIS_OP_TIMEOUT)
-            .await
-            .expect("open redis store")
-            .queue_mode(["stripe".to_owned()])
-    }
-
-    /// Every shard's due set: making them strings breaks every accept.
-    fn due_keys() -> Vec<String> {
-        (0..16)
-            .map(|n| format!("{REDIS_PREFIX}:{{q{n:02}}}:#due"))
-            .collect()
-    }
-
-    async fn command(&self, cmd: &redis::Cmd) {
-        let client = redis::Client::open(self.server.url()).expect("a redis URL");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect to the test server");
-        let _: redis::Value = cmd.query_async(&mut conn).await.expect("a raw command");
-    }
-}
-
-impl Harness for RedisOutbox {
-    type Store = RedisStore;
-
-    async fn start() -> Self {
-        let server = RedisServer::start();
-        let store = Arc::new(Self::open(&server.url()).await);
-        Self { server, store }
-    }
-
-    fn store(&self) -> Arc<RedisStore> {
-        Arc::clone(&self.store)
-    }
-
-    async fn replica(&self) -> Arc<RedisStore> {
-        Arc::new(Self::open(&self.server.url()).await)
-    }
+async fn redis(h: &RedisOutbox, cmd: &redis::Cmd) {
+    let client = redis::Client::open(h.server().url()).expect("a redis URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the test server");
+    let _: redis::Value = cmd.query_async(&mut conn).await.expect("a raw command");
 }
 
 impl OutboxHarness for RedisOutbox {
     async fn break_outbox(&self) {
         let mut set = redis::cmd("MSET");
-        for key in Self::due_keys() {
+        for key in due_keys() {
             set.arg(key).arg("broken");
         }
-        self.command(&set).await;
+        redis(self, &set).await;
     }
 
     async fn repair_outbox(&self) {
-        self.command(redis::cmd("DEL").arg(Self::due_keys())).await;
+        redis(self, redis::cmd("DEL").arg(due_keys())).await;
     }
 }
