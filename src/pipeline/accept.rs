@@ -63,17 +63,54 @@ pub async fn accept(
         reject_mismatch: settings.on_mismatch == OnMismatch::Reject,
     };
     let outcomes = cx.store.accept(items, policy.clone()).await?;
-    let mut result = AcceptResult {
-        response: finish::stored(policy.answer.clone(), "accepted"),
-        dedupe: Dedupe::Fresh,
+    let verdict = verdict(outcomes, identities, settings)?;
+    if verdict.accepted {
+        cx.relay.notify_one();
+        return Ok(AcceptResult {
+            response: finish::stored(policy.answer, "accepted"),
+            dedupe: Dedupe::Fresh,
+            accepted: true,
+            mismatch: verdict.mismatch,
+        });
+    }
+    let dedupe = match verdict.mismatch {
+        Some(_) => Dedupe::Mismatch,
+        None => Dedupe::Duplicate,
+    };
+    Ok(AcceptResult {
+        response: finish::stored(verdict.replay.unwrap_or(policy.answer), "duplicate"),
+        dedupe,
+        accepted: false,
+        mismatch: verdict.mismatch,
+    })
+}
+
+/// What the store found, over all the delivery's events.
+struct Verdict {
+    /// At least one event was new and is now enqueued.
+    accepted: bool,
+    /// The first event known with another payload (`on_mismatch = alert`).
+    mismatch: Option<Mismatch>,
+    /// The first known event's stored answer, replayed to a duplicate.
+    replay: Option<Snapshot>,
+}
+
+/// Reads the store's outcomes: an event in flight, or a mismatch the
+/// provider rejects, is the whole delivery's error.
+fn verdict(
+    outcomes: Vec<Accepted>,
+    identities: &[Identity],
+    settings: &ProviderSettings,
+) -> Result<Verdict, GateError> {
+    let mut verdict = Verdict {
         accepted: false,
         mismatch: None,
+        replay: None,
     };
-    let mut replay = None;
     for (outcome, id) in outcomes.into_iter().zip(identities) {
         let existing = match outcome {
             Accepted::Enqueued => {
-                result.accepted = true;
+                verdict.accepted = true;
                 continue;
             }
             Accepted::Existing(existing) => existing,
@@ -81,40 +118,30 @@ pub async fn accept(
                 stored_fingerprint,
                 existing,
             } => {
-                if settings.on_mismatch == OnMismatch::Reject {
-                    return Err(GateError::PayloadMismatch {
-                        key: id.key.key.clone(),
-                        stored: stored_fingerprint,
-                        incoming: id.fingerprint.clone(),
-                    });
-                }
-                result.mismatch.get_or_insert(Mismatch {
+                let mismatch = Mismatch {
                     key: id.key.key.clone(),
                     stored: stored_fingerprint,
                     incoming: id.fingerprint.clone(),
-                });
+                };
+                if settings.on_mismatch == OnMismatch::Reject {
+                    return Err(GateError::PayloadMismatch {
+                        key: mismatch.key,
+                        stored: mismatch.stored,
+                        incoming: mismatch.incoming,
+                    });
+                }
+                verdict.mismatch.get_or_insert(mismatch);
                 existing
             }
         };
         match existing {
             Existing::InFlight { retry_after } => return Err(GateError::InFlight { retry_after }),
             Existing::Completed(snapshot) => {
-                replay.get_or_insert(snapshot);
+                verdict.replay.get_or_insert(snapshot);
             }
         }
     }
-    if result.accepted {
-        cx.relay.notify_one();
-    } else {
-        let snapshot = replay.unwrap_or(policy.answer);
-        result.response = finish::stored(snapshot, "duplicate");
-        result.dedupe = if result.mismatch.is_some() {
-            Dedupe::Mismatch
-        } else {
-            Dedupe::Duplicate
-        };
-    }
-    Ok(result)
+    Ok(verdict)
 }
 
 /// The job for one event: the whole signed delivery for a single event;

@@ -174,6 +174,21 @@ async fn stages(
     };
     record.key = Some(Plan::label(&identities));
     if settings.mode == Mode::Queue {
+        return queued(gate, settings, &request, conn, &identities, record).await;
+    }
+    claimed(gate, settings, &request, conn, &identities, record).await
+}
+
+/// Queue mode's terminal stage: accept into the outbox, answer at once.
+async fn queued(
+    gate: &Gate,
+    settings: &ProviderSettings,
+    request: &read::Request,
+    conn: Conn,
+    identities: &[plan::Identity],
+    record: &mut DeliveryRecord,
+) -> Result<Response<ProxyBody>, GateError> {
+    {
         let span = record.stage(Stage::Accept);
         let cx = AcceptContext {
             store: &gate.store,
@@ -181,7 +196,7 @@ async fn stages(
             relay: &gate.relay_wakeup,
             trace: &span,
         };
-        let accepted = accept::accept(&cx, settings, &request, conn, &identities).await;
+        let accepted = accept::accept(&cx, settings, request, conn, identities).await;
         let accepted = span.end(accepted)?;
         record.dedupe = accepted.dedupe;
         record.mismatch = accepted.mismatch;
@@ -190,15 +205,27 @@ async fn stages(
         } else {
             Outcome::Duplicate
         };
-        return Ok(accepted.response);
+        Ok(accepted.response)
     }
+}
+
+/// Forward mode: claim every key, then forward a fresh delivery (or answer
+/// a duplicate from its stored response).
+async fn claimed(
+    gate: &Gate,
+    settings: &ProviderSettings,
+    request: &read::Request,
+    conn: Conn,
+    identities: &[plan::Identity],
+    record: &mut DeliveryRecord,
+) -> Result<Response<ProxyBody>, GateError> {
     let cx = ClaimContext {
         store: &gate.store,
         inflight: &gate.inflight,
         lease: gate.settings.dedupe.lease,
     };
     let span = record.stage(Stage::Claim);
-    let claimed = span.end(claim::claim(&cx, settings, &request.body, &identities).await)?;
+    let claimed = span.end(claim::claim(&cx, settings, &request.body, identities).await)?;
     record.dedupe = claimed.dedupe;
     record.mismatch = claimed.mismatch;
     let (held, partial) = match claimed.claims {
@@ -210,12 +237,12 @@ async fn stages(
         Claims::Fresh { held, partial } => (held, partial),
     };
     fault_point(gate);
-    let payload = match (partial, identities.as_slice()) {
+    let payload = match (partial, identities) {
         (Some(partial), _) => Payload::Partial(partial, None),
         (None, [one]) => Payload::Signed(Some(one.key.clone())),
         (None, _) => Payload::Signed(None),
     };
-    send(gate, settings, &request, conn, Some(held), payload, record).await
+    send(gate, settings, request, conn, Some(held), payload, record).await
 }
 
 /// The forward and finish stages.
