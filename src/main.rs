@@ -20,6 +20,14 @@ fn main() -> ExitCode {
             };
         }
     };
+    if matches!(
+        cli.command,
+        Some(
+            Command::Check(_) | Command::Sign { .. } | Command::Keys { .. } | Command::Queue { .. }
+        )
+    ) {
+        end_quietly_on_a_closed_stdout();
+    }
     match &cli.command {
         Some(Command::Demo) => block_on(async {
             match hookgate::demo::run().await {
@@ -70,6 +78,19 @@ fn main() -> ExitCode {
                 Err(code) => code,
             }
         }),
+    }
+}
+
+/// The one-shot commands print and exit: when their reader went away
+/// (`hookgate queue list | head -3`) they end as Unix tools do, quietly,
+/// instead of panicking in `println!`. Rust ignores SIGPIPE in every
+/// program; the server keeps ignoring it (a peer that hangs up is an error
+/// on that one socket), and so do `demo` and `echo`, which serve too.
+fn end_quietly_on_a_closed_stdout() {
+    // SAFETY: restoring a signal's default disposition, before any other
+    // thread exists; no handler runs, no memory is touched.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

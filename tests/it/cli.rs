@@ -626,3 +626,32 @@ async fn echo_answers_and_prints_what_it_received() {
     let _ = process.kill();
     let _ = process.wait();
 }
+
+/// The one-shot commands whose reader went away (`hookgate check | head
+/// -1`) end as Unix tools do, killed quietly by SIGPIPE, never with a
+/// panic from `println!`.
+#[test]
+fn check_into_a_closed_pipe_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let config = GateFixture::stripe().upstream_url("http://127.0.0.1:9");
+    let path = config.config_file();
+    let mut child = hookgate()
+        .args(["check", "--config"])
+        .arg(&path)
+        .env("RUST_BACKTRACE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before the command writes a line.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        out.status
+    );
+}
