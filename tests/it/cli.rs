@@ -635,17 +635,17 @@ fn check_into_a_closed_pipe_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
     let config = GateFixture::stripe().upstream_url("http://127.0.0.1:9");
     let path = config.config_file();
-    let mut child = hookgate()
+    // A pipe whose reading end is closed before the command starts.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = hookgate()
         .args(["check", "--config"])
         .arg(&path)
         .env("RUST_BACKTRACE", "1")
-        .stdout(Stdio::piped())
+        .stdout(writer)
         .stderr(Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    // Closed before the command writes a line.
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "no panic: {stderr}");
     assert_eq!(
