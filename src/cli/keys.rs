@@ -1,7 +1,7 @@
 //! `hookgate keys get|forget`: an operator's look at one dedupe key.
 
 use std::process::ExitCode;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use clap::Subcommand;
 
@@ -113,17 +113,16 @@ async fn forget(store: &Store, candidates: &[ScopedKey]) -> Result<Option<Scoped
     Ok(None)
 }
 
-/// The record, with the times the store gives: a lease's end is exact;
-/// a completed key's processing time is not kept by every store, so it is
-/// not shown, and its expiry is bounded by the provider's retention.
-fn show(scoped: &ScopedKey, record: &KeyRecord, retention: std::time::Duration) {
+/// The record, with the times the store gives: a lease's end, or when a
+/// completed key is forgotten (its retention left), as a date and a span.
+fn show(scoped: &ScopedKey, record: &KeyRecord, retention: Duration) {
     match &record.state {
         Existing::InFlight { retry_after } => {
             println!("{scoped}: in flight");
             println!(
                 "  lease ends: {} (in {})",
                 humantime::format_rfc3339_seconds(SystemTime::now() + *retry_after),
-                duration(*retry_after)
+                duration(Duration::from_secs(retry_after.as_secs()))
             );
             println!("  fingerprint: {}", record.fingerprint);
         }
@@ -138,10 +137,18 @@ fn show(scoped: &ScopedKey, record: &KeyRecord, retention: std::time::Duration) 
                 println!("  content type: {content_type}");
             }
             println!("  fingerprint: {}", record.fingerprint);
-            println!(
-                "  expires: {} after it was processed (the provider's retention)",
-                duration(retention)
-            );
+            match record.expires_in {
+                Some(left) => println!(
+                    "  expires: {} (in {}; retention {})",
+                    humantime::format_rfc3339_seconds(SystemTime::now() + left),
+                    duration(Duration::from_secs(left.as_secs())),
+                    duration(retention)
+                ),
+                None => println!(
+                    "  expires: {} after it was processed (the provider's retention)",
+                    duration(retention)
+                ),
+            }
         }
     }
 }

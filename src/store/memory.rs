@@ -227,6 +227,10 @@ impl Backend for MemoryStore {
         Ok(keys.live(key, now).map(|live| KeyRecord {
             fingerprint: live.fingerprint().to_owned(),
             state: live.existing(now),
+            expires_in: match live {
+                Live::Completed(c) => Some(c.retained_until - now),
+                Live::InFlight(_) => None,
+            },
         }))
     }
 

@@ -112,6 +112,9 @@ impl Claim {
 pub struct KeyRecord {
     pub fingerprint: String,
     pub state: Existing,
+    /// How long a completed key is still remembered (its retention left);
+    /// `None` in flight (see the lease) or when the store cannot say.
+    pub expires_in: Option<Duration>,
 }
 
 /// A store failure. Messages never contain credentials.

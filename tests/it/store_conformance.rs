@@ -32,7 +32,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use hookgate::store::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot};
 
-use self::harness::{Harness, LONG, assert_in_flight, completes, fresh, key, race, snapshot};
+use self::harness::{
+    Harness, LONG, RETAIN, assert_in_flight, completes, fresh, key, race, snapshot,
+};
 
 /// Instantiates every generic test below for one backend, in a module named
 /// after it, so that each backend runs the very same tests.
@@ -301,17 +303,24 @@ async fn get_and_forget<H: Harness>() {
     let record = store.get(&key("evt_1")).await.unwrap().expect("record");
     assert_eq!(record.fingerprint, "fp-a");
     assert!(
-        matches!(record.state, Existing::InFlight { .. }),
+        matches!(record.state, Existing::InFlight { .. }) && record.expires_in.is_none(),
         "{record:?}"
     );
 
     assert!(completes(&*store, &key("evt_1"), &token, &snapshot()).await);
-    let record = store.get(&key("evt_1")).await.unwrap();
+    let mut record = store.get(&key("evt_1")).await.unwrap().expect("record");
+    // When the key is forgotten: the retention, less the moment just spent.
+    let left = record.expires_in.take().expect("a completed key's expiry");
+    assert!(
+        left <= RETAIN && left > RETAIN - Duration::from_secs(60),
+        "{left:?}"
+    );
     let expected = KeyRecord {
         fingerprint: "fp-a".into(),
         state: Existing::Completed(snapshot()),
+        expires_in: None,
     };
-    assert_eq!(record, Some(expected));
+    assert_eq!(record, expected);
 
     // Forget works whatever the state: completed here, in flight below.
     assert!(store.forget(&key("evt_1")).await.unwrap());

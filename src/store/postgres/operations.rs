@@ -17,7 +17,8 @@ use crate::store::{
 /// The live completed record of a key, newest first (a key forgotten and
 /// processed again has an older, no longer live, row too).
 const SELECT_COMPLETED: &str = "
-SELECT fingerprint, response_status, response_content_type, response_body, response_truncated
+SELECT fingerprint, response_status, response_content_type, response_body, response_truncated,
+       EXTRACT(EPOCH FROM expires_at - now())::float8
 FROM processed_events
 WHERE provider = $1 AND provider_event_id = $2 AND state = 'completed' AND expires_at > now()
 ORDER BY completed_at DESC
@@ -187,9 +188,16 @@ impl Backend for PostgresStore {
         let inner = &self.inner;
         let err = |e| inner.error(e);
         let client = inner.client().await?;
-        if let Some((fingerprint, snapshot)) = completed(&client, key).await.map_err(err)? {
+        if let Some((fingerprint, snapshot, left)) =
+            completed_for(&client, key).await.map_err(err)?
+        {
             let state = Existing::Completed(snapshot);
-            return Ok(Some(KeyRecord { fingerprint, state }));
+            let expires_in = Some(left);
+            return Ok(Some(KeyRecord {
+                fingerprint,
+                state,
+                expires_in,
+            }));
         }
         let held = client.prepare_cached(SELECT_HELD).await.map_err(err)?;
         let row = client
@@ -199,6 +207,7 @@ impl Backend for PostgresStore {
         Ok(row.map(|row| KeyRecord {
             fingerprint: row.get(0),
             state: in_flight(row.get(1)),
+            expires_in: None,
         }))
     }
 
@@ -224,11 +233,24 @@ pub(super) async fn completed(
     client: &impl GenericClient,
     key: &ScopedKey,
 ) -> Result<Option<(String, Snapshot)>, tokio_postgres::Error> {
+    Ok(completed_for(client, key)
+        .await?
+        .map(|(fingerprint, snapshot, _)| (fingerprint, snapshot)))
+}
+
+/// Like `completed`, with the retention left.
+async fn completed_for(
+    client: &impl GenericClient,
+    key: &ScopedKey,
+) -> Result<Option<(String, Snapshot, Duration)>, tokio_postgres::Error> {
     let statement = client.prepare_cached(SELECT_COMPLETED).await?;
     let row = client
         .query_opt(&statement, &[&key.provider, &key.key])
         .await?;
-    Ok(row.map(|row| (row.get(0), snapshot(&row))))
+    Ok(row.map(|row| {
+        let left = Duration::try_from_secs_f64(row.get(5)).unwrap_or_default();
+        (row.get(0), snapshot(&row), left)
+    }))
 }
 
 fn snapshot(row: &Row) -> Snapshot {

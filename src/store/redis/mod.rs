@@ -252,8 +252,20 @@ impl Backend for RedisStore {
         if fields.is_empty() {
             return Ok(None);
         }
+        // PTTL (the third field): the retention left, once completed.
+        let pttl = fields.get(2).cloned().flatten();
         let (fingerprint, state) = decode(fields)?;
-        Ok(Some(KeyRecord { fingerprint, state }))
+        let expires_in = match state {
+            Existing::Completed(_) => pttl
+                .and_then(|t| String::from_utf8(t).ok()?.parse::<u64>().ok())
+                .map(Duration::from_millis),
+            Existing::InFlight { .. } => None,
+        };
+        Ok(Some(KeyRecord {
+            fingerprint,
+            state,
+            expires_in,
+        }))
     }
 
     async fn forget(&self, key: &ScopedKey) -> Result<bool> {

@@ -95,11 +95,12 @@ struct Row {
     content_type: Option<String>,
     body: Option<Vec<u8>>,
     truncated: bool,
+    expires_at: i64,
 }
 
 const SELECT_LIVE: &str = "
 SELECT state, fingerprint, lease_expires_at, response_status, response_content_type, response_body,
-       response_truncated
+       response_truncated, expires_at
 FROM processed_events
 WHERE provider = ?1 AND provider_event_id = ?2 AND expires_at > ?3";
 
@@ -257,6 +258,7 @@ fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>>
                 content_type: r.get(4)?,
                 body: r.get(5)?,
                 truncated: r.get(6)?,
+                expires_at: r.get(7)?,
             })
         })
         .optional()?;
@@ -370,8 +372,15 @@ impl Backend for SqliteStore {
             select_live(c, &key, now)?
                 .map(|row| {
                     let fingerprint = row.fingerprint.clone();
+                    let left = u64::try_from(row.expires_at.saturating_sub(now)).unwrap_or(0);
                     let state = row.existing(now)?;
-                    Ok(KeyRecord { fingerprint, state })
+                    let expires_in = matches!(state, Existing::Completed(_))
+                        .then(|| Duration::from_millis(left));
+                    Ok(KeyRecord {
+                        fingerprint,
+                        state,
+                        expires_in,
+                    })
                 })
                 .transpose()
         })

@@ -139,12 +139,16 @@ async fn accept_records_the_entry_and_the_job_byte_exact<H: OutboxHarness>() {
     let h = H::start().await;
     let store = h.store();
     assert_eq!(accept_one(&*store, "evt_a").await, Accepted::Enqueued);
+    let mut record = store.get(&key("evt_a")).await.unwrap().expect("a record");
+    let left = record.expires_in.take().expect("its retention left");
+    assert!(left > RETAIN - Duration::from_secs(60), "{left:?}");
     assert_eq!(
-        store.get(&key("evt_a")).await.unwrap(),
-        Some(KeyRecord {
+        record,
+        KeyRecord {
             fingerprint: "fp".into(),
             state: Existing::Completed(answer()),
-        })
+            expires_in: None,
+        }
     );
     let pending = store.jobs(filter(JobState::Pending), 10).await.unwrap();
     assert_eq!(pending.len(), 1);
