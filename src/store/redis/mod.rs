@@ -1,10 +1,12 @@
 //! The redis backend: the store shared by several replicas.
 //!
-//! Each key is one hash, `{prefix}:{provider}:{key}`, whose TTL is the lease
-//! while in flight and the retention once completed, so redis expires keys
-//! itself. Every operation that reads then writes is one Lua script: redis
-//! runs a script atomically, which is what makes a claim exclusive across
-//! replicas. One key per script keeps the backend Redis Cluster compatible.
+//! Each key is one string, `{prefix}:{provider}:{key}` (its layout in
+//! `value`), whose TTL is the lease while in flight and the retention once
+//! completed, so redis expires keys itself. A claim is one `SET NX PX GET`,
+//! which is atomic and exclusive across replicas; completing and releasing
+//! compare the lease's owner first, in a Lua script (redis runs a script
+//! atomically). One key per command keeps the backend Redis Cluster
+//! compatible. Keys written as hashes by earlier versions are still read.
 //!
 //! A provider in queue mode keeps its keys in one of the outbox's shards
 //! instead, `{prefix}:{qNN}:{provider}:{key}` (braces literal: a hash tag),
@@ -13,6 +15,7 @@
 
 mod connection;
 mod outbox;
+mod value;
 
 use std::collections::HashSet;
 use std::sync::LazyLock;
@@ -26,53 +29,43 @@ use self::connection::{Conn, Link};
 use super::Result;
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 
-/// Reads a live key as {state, fingerprint, PTTL, status, content type,
-/// body, truncated}; nil fields come back as nil (HMGET's `false`), not as
-/// holes.
-const READ_STATE: &str = "
+/// Reads a live hash (a queue-mode dedupe entry, or a forward-mode key
+/// written before values became strings) as {state, fingerprint, PTTL,
+/// status, content type, body, truncated}; nil fields come back as nil
+/// (HMGET's `false`), not as holes.
+const READ_HASH: &str = "
 local f = redis.call('HMGET', KEYS[1], 'state', 'fp', 'status', 'ctype', 'body', 'cut')
-return {f[1], f[2], tostring(redis.call('PTTL', KEYS[1])), f[3], f[4], f[5], f[6]}
+return {'hash', f[1], f[2], tostring(redis.call('PTTL', KEYS[1])), f[3], f[4], f[5], f[6]}
 ";
 
-/// ARGV: token, fingerprint, lease (ms). A missing key was never claimed,
-/// or its lease or retention ran out: take it.
-const CLAIM: &str = "
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], 'state', 'in_flight', 'token', ARGV[1], 'fp', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return {'fresh'}
-end
-";
-
+/// Either layout, for `keys get`: {'string', value, PTTL}, the hash's
+/// fields after 'hash', or nothing.
 const GET: &str = "
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'string' then
+  return {'string', redis.call('GET', KEYS[1]), tostring(redis.call('PTTL', KEYS[1]))}
+end
+if kind ~= 'hash' then
   return {}
 end
 ";
 
-/// ARGV: token, retention (ms), status, '1' if a content type follows,
-/// content type, body, '1' if the body is truncated.
+/// ARGV: the owner's prefix (`value::owner`), retention (ms), the completed
+/// value's head and tail; the fingerprint between them is the claim's.
 const COMPLETE: &str = "
-local f = redis.call('HMGET', KEYS[1], 'state', 'token')
-if f[1] ~= 'in_flight' or f[2] ~= ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[3], 'body', ARGV[6],
-  'cut', ARGV[7])
-redis.call('HDEL', KEYS[1], 'token')
-if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[1], 'ctype', ARGV[5])
-else
-  redis.call('HDEL', KEYS[1], 'ctype')
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local fp = string.match(v, '^[^:]*:[^:]*:(.*)$')
+redis.call('SET', KEYS[1], ARGV[3] .. fp .. ARGV[4], 'PX', ARGV[2])
 return 1
 ";
 
-/// ARGV: token.
+/// ARGV: the owner's prefix.
 const RELEASE: &str = "
-local f = redis.call('HMGET', KEYS[1], 'state', 'token')
-if f[1] == 'in_flight' and f[2] == ARGV[1] then
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
@@ -95,7 +88,6 @@ pub struct RedisStore {
 /// `Script` sends EVALSHA and falls back to EVAL (loading the script) when
 /// the server does not know it, e.g. after a restart.
 struct Scripts {
-    claim: Script,
     complete: Script,
     release: Script,
     get: Script,
@@ -103,13 +95,12 @@ struct Scripts {
 
 /// Compiled (hashed) once per process.
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    claim: Script::new(&format!("{CLAIM}{READ_STATE}")),
     complete: Script::new(COMPLETE),
     release: Script::new(RELEASE),
-    get: Script::new(&format!("{GET}{READ_STATE}")),
+    get: Script::new(&format!("{GET}{READ_HASH}")),
 });
 
-/// The fields `READ_STATE` returns, in order.
+/// The fields `READ_HASH` returns after its tag, in order.
 type Fields = Vec<Option<Vec<u8>>>;
 
 impl RedisStore {
@@ -186,22 +177,39 @@ impl RedisStore {
 }
 
 impl Backend for RedisStore {
+    /// One plain `SET NX PX GET` (Redis 7.0 or later): it takes a missing
+    /// key and returns a held one's value, so neither a fresh event nor a
+    /// duplicate runs a script.
     async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
         let token = LeaseToken::generate();
-        let fields: Fields = SCRIPTS
-            .claim
-            .key(self.key(key))
-            .arg(&token.0)
-            .arg(fingerprint)
-            .arg(millis(lease))
-            .invoke_async(&mut self.conn().await?)
-            .await
-            .map_err(|e| self.error(e))?;
-        if matches!(fields.first(), Some(Some(state)) if state == b"fresh") {
-            return Ok(Claim::Fresh(token));
+        let name = self.key(key);
+        loop {
+            let held: Option<Vec<u8>> = redis::cmd("SET")
+                .arg(&name)
+                .arg(value::in_flight(&token, fingerprint, lease))
+                .arg("NX")
+                .arg("PX")
+                .arg(millis(lease))
+                .arg("GET")
+                .query_async(&mut self.conn().await?)
+                .await
+                .or_else(|e| match e.code() {
+                    // A hash from before values were strings (no value of
+                    // ours is empty): read it as it is.
+                    Some("WRONGTYPE") => Ok(Some(Vec::new())),
+                    _ => Err(self.error(e)),
+                })?;
+            let (stored, existing) = match held {
+                None => return Ok(Claim::Fresh(token)),
+                Some(value) if !value.is_empty() => value::decode(&value)?,
+                Some(_) => match self.get(key).await? {
+                    Some(record) => (record.fingerprint, record.state),
+                    // It expired between the two calls: claim again.
+                    None => continue,
+                },
+            };
+            return Ok(Claim::held(&stored, fingerprint, existing));
         }
-        let (stored, existing) = decode(fields)?;
-        Ok(Claim::held(&stored, fingerprint, existing))
     }
 
     async fn complete(
@@ -214,17 +222,10 @@ impl Backend for RedisStore {
         let acted: i64 = SCRIPTS
             .complete
             .key(self.key(key))
-            .arg(&token.0)
+            .arg(value::owner(token))
             .arg(millis(retention))
-            .arg(snapshot.status)
-            .arg(if snapshot.content_type.is_some() {
-                "1"
-            } else {
-                "0"
-            })
-            .arg(snapshot.content_type.as_deref().unwrap_or(""))
-            .arg(&snapshot.body[..])
-            .arg(if snapshot.truncated { "1" } else { "0" })
+            .arg(value::completed_head(snapshot))
+            .arg(value::completed_tail(snapshot))
             .invoke_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
@@ -235,7 +236,7 @@ impl Backend for RedisStore {
         let acted: i64 = SCRIPTS
             .release
             .key(self.key(key))
-            .arg(&token.0)
+            .arg(value::owner(token))
             .invoke_async(&mut self.conn().await?)
             .await
             .map_err(|e| self.error(e))?;
@@ -252,9 +253,7 @@ impl Backend for RedisStore {
         if fields.is_empty() {
             return Ok(None);
         }
-        // PTTL (the third field): the retention left, once completed.
-        let pttl = fields.get(2).cloned().flatten();
-        let (fingerprint, state) = decode(fields)?;
+        let (fingerprint, state, pttl) = decode_tagged(fields)?;
         let expires_in = match state {
             Existing::Completed(_) => pttl
                 .and_then(|t| String::from_utf8(t).ok()?.parse::<u64>().ok())
@@ -286,7 +285,23 @@ impl Backend for RedisStore {
     }
 }
 
-/// Turns `READ_STATE`'s fields into (fingerprint, state).
+/// Turns what the `GET` script returns of a live key into (fingerprint,
+/// state, PTTL): a string's value, or a hash's fields.
+fn decode_tagged(mut fields: Fields) -> Result<(String, Existing, Option<Vec<u8>>)> {
+    let tag = fields.remove(0);
+    // PTTL: the string's second field, the hash's third.
+    let pttl = |at: usize| fields.get(at).cloned().flatten();
+    if tag.as_deref() == Some(b"string") {
+        let value = pttl(0).unwrap_or_default();
+        let (fingerprint, state) = value::decode(&value)?;
+        return Ok((fingerprint, state, pttl(1)));
+    }
+    let ttl = pttl(2);
+    let (fingerprint, state) = decode(fields)?;
+    Ok((fingerprint, state, ttl))
+}
+
+/// Turns `READ_HASH`'s fields (after its tag) into (fingerprint, state).
 fn decode(fields: Fields) -> Result<(String, Existing)> {
     let mut fields = fields.into_iter();
     let mut next = || fields.next().flatten();

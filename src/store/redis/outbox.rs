@@ -58,7 +58,7 @@ use self::rows::{Row, job, ms, number, summary, text, time};
 use self::scripts::SCRIPTS;
 pub(super) use self::shard::Shard;
 use self::shard::share;
-use super::{Fields, RedisStore, decode, millis};
+use super::{Fields, RedisStore, decode_tagged, millis};
 use crate::store::Result;
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, Job, JobFilter, JobState, JobSummary, Outbox, Settle,
@@ -369,7 +369,7 @@ fn fill(
         let outcome = if fields.is_empty() {
             Accepted::Enqueued
         } else {
-            let (stored, existing) = decode(fields)?;
+            let (stored, existing, _) = decode_tagged(fields)?;
             Accepted::found(&stored, &items[n].fingerprint, existing)
         };
         blocked |= outcome.blocks(policy);

@@ -2,7 +2,7 @@
 //! password that the server starts to require. (Killing and restarting the
 //! server is the shared fault suite's, in `faults`.)
 
-use hookgate::store::{Backend, Claim, Existing, RedisStore, ScopedKey, Store};
+use hookgate::store::{Backend, Claim, Existing, RedisStore, ScopedKey, Snapshot, Store};
 
 use super::faults::{FaultServer, OP_TIMEOUT, until_ping_answers};
 use super::harness::{LONG, REDIS_PREFIX, completes, fresh, key, open_redis, snapshot};
@@ -14,7 +14,7 @@ async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn keys_are_prefixed_hashes_with_ttls() {
+async fn keys_are_prefixed_strings_with_ttls() {
     let server = RedisServer::start();
     let store = open_redis(&server.url()).await;
     let token = fresh(
@@ -31,7 +31,7 @@ async fn keys_are_prefixed_hashes_with_ttls() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    assert_eq!(kind, "hash");
+    assert_eq!(kind, "string");
     let pttl: i64 = redis::cmd("PTTL")
         .arg(&name)
         .query_async(&mut raw)
@@ -50,6 +50,55 @@ async fn keys_are_prefixed_hashes_with_ttls() {
         .await
         .unwrap();
     assert!(pttl > LONG.as_millis() as i64, "retention TTL {pttl}");
+}
+
+/// A completed key as versions before string values wrote it: a hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_written_as_hashes_are_still_duplicates() {
+    let server = RedisServer::start();
+    let store = open_redis(&server.url()).await;
+    let mut raw = raw(&server).await;
+    let name = format!("{REDIS_PREFIX}:stripe:evt_old");
+    let () = redis::cmd("HSET")
+        .arg(&name)
+        .arg(&[
+            "state",
+            "completed",
+            "fp",
+            "fp",
+            "status",
+            "200",
+            "body",
+            "{}",
+            "cut",
+            "0",
+        ])
+        .query_async(&mut raw)
+        .await
+        .map(|_: i64| ())
+        .unwrap();
+    let () = redis::cmd("PEXPIRE")
+        .arg(&name)
+        .arg(60_000)
+        .query_async(&mut raw)
+        .await
+        .map(|_: i64| ())
+        .unwrap();
+    let old = Snapshot {
+        status: 200,
+        content_type: None,
+        body: "{}".into(),
+        truncated: false,
+    };
+    let key = ScopedKey::new("stripe", "evt_old");
+
+    let claim = store.claim(&key, "fp", LONG).await.unwrap();
+    assert_eq!(claim, Claim::Existing(Existing::Completed(old.clone())));
+    let claim = store.claim(&key, "other", LONG).await.unwrap();
+    assert!(matches!(claim, Claim::Mismatch { .. }), "{claim:?}");
+    let record = store.get(&key).await.unwrap().expect("the old key");
+    assert_eq!(record.state, Existing::Completed(old));
+    assert!(record.expires_in.is_some_and(|t| t.as_millis() <= 60_000));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

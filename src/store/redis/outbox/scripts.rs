@@ -24,7 +24,8 @@ local function int(x) return string.format('%d', x) end
 /// follows, the content type, the body, '1' if truncated; then per item its
 /// fingerprint, provider, key, method, target, headers, body.
 ///
-/// Returns {written, per item: {} when new, else `READ_STATE`'s fields}.
+/// Returns {written, per item: {} when new, else what the store's `GET`
+/// script returns of it}.
 /// Checks everything before the first write, including the shape of every
 /// key it will write, so no command can fail once writing began (redis does
 /// not roll a script back); the outbox is written first and the dedupe
@@ -42,18 +43,27 @@ if broken then return redis.error_reply(broken) end
 local n, out, fresh, blocked = #KEYS - 3, {}, {}, false
 for i = 1, n do
   local k, fp = KEYS[3 + i], ARGV[4 + i * 7]
-  if redis.call('EXISTS', k) == 0 then
+  local kind, state, stored = redis.call('TYPE', k)['ok'], nil, ''
+  if kind == 'none' then
     out[i] = {}
     fresh[#fresh + 1] = i
+  elseif kind == 'string' then
+    -- A forward-mode claim's value (see the store's `value` module).
+    local v = redis.call('GET', k)
+    out[i] = {'string', v}
+    if string.sub(v, 1, 1) == 'c' then
+      state, stored = 'completed', string.match(v, '^[^:]*:([^:]*):') or ''
+    end
   else
     local f = redis.call('HMGET', k, 'state', 'fp', 'status', 'ctype', 'body', 'cut')
-    out[i] = {f[1], f[2], tostring(redis.call('PTTL', k)), f[3], f[4], f[5], f[6]}
-    local stored = f[2] or ''
-    if f[1] ~= 'completed' then
-      blocked = true
-    elseif ARGV[4] == '1' and stored ~= '' and fp ~= '' and stored ~= fp then
-      blocked = true
-    end
+    out[i] = {'hash', f[1], f[2], tostring(redis.call('PTTL', k)), f[3], f[4], f[5], f[6]}
+    state, stored = f[1], f[2] or ''
+  end
+  if kind == 'none' then
+  elseif state ~= 'completed' then
+    blocked = true
+  elseif ARGV[4] == '1' and stored ~= '' and fp ~= '' and stored ~= fp then
+    blocked = true
   end
 end
 if blocked or ARGV[3] ~= '1' or #fresh == 0 then return {0, out} end
