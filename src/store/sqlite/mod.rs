@@ -3,12 +3,15 @@
 //!
 //! rusqlite is synchronous: every operation runs on the store's own thread,
 //! which owns the serving connection (`store_thread`), and WAL checkpoints
-//! run on a second thread with a connection of their own (`checkpoint`).
+//! run on a second thread with a connection of their own (`checkpoint`);
+//! only a duplicate of a completed event is answered on the caller's
+//! thread, by a read-only connection (`readers`).
 //! Both stop when the store is dropped. Timestamps are unix milliseconds.
 
 mod checkpoint;
 mod outbox;
 mod owned_thread;
+mod readers;
 mod store_thread;
 
 use std::path::Path;
@@ -17,6 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
 use self::checkpoint::CheckpointThread;
+use self::readers::Readers;
 use self::store_thread::{Chore, StoreThread};
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 use crate::store::Result;
@@ -83,6 +87,7 @@ pub(super) fn poll_while_busy(timeout: Duration) -> impl FnMut(i32) -> bool + Se
 /// Dedupe state in a SQLite file (table `processed_events`).
 pub struct SqliteStore {
     thread: StoreThread,
+    readers: Readers,
     _checkpoints: CheckpointThread,
 }
 
@@ -111,8 +116,10 @@ impl SqliteStore {
     /// mistyped path until the data is found missing.
     pub async fn open(path: &Path) -> Result<Self> {
         let owned = path.to_owned();
-        let (serving, checkpointing) = tokio::task::spawn_blocking(move || {
-            Ok::<_, StoreError>((open_connection(&owned)?, Connection::open(&owned)?))
+        let (serving, checkpointing, readers) = tokio::task::spawn_blocking(move || {
+            // The serving connection first: it creates the file and schema.
+            let serving = open_connection(&owned)?;
+            Ok::<_, StoreError>((serving, Connection::open(&owned)?, Readers::open(&owned)?))
         })
         .await
         .map_err(task_failed)??;
@@ -123,6 +130,7 @@ impl SqliteStore {
         };
         Ok(Self {
             thread: StoreThread::spawn("hookgate-sqlite", serving, purge)?,
+            readers,
             _checkpoints: CheckpointThread::spawn(
                 "sqlite-wal-ckpt",
                 checkpointing,
@@ -295,6 +303,9 @@ impl Row {
 
 impl Backend for SqliteStore {
     async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
+        if let Some(duplicate) = self.readers.completed(key, fingerprint) {
+            return Ok(duplicate);
+        }
         let (key, fingerprint) = (key.clone(), fingerprint.to_owned());
         self.run(move |c| {
             if !c.is_autocommit() {
