@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The benchmark in one command: installs nginx and redis-server when missing
-# (Debian packages), builds the gate and the load generator in release mode,
-# then runs every row side by side on this machine and prints markdown
-# tables (docs/BENCHMARKS.md explains them).
+# The benchmark in one command: installs nginx, redis-server and Node.js
+# when missing (Debian packages) and the node rows' packages (bench/node,
+# with npm), builds the gate and the load generator in release mode, then
+# runs every row side by side on this machine and prints markdown tables
+# (docs/BENCHMARKS.md explains them).
 #
 #   bench/run.sh                  # the full run: about 6 minutes of rows
 #   bench/run.sh --smoke          # CI: every row for 1 s (drain rows: 500
@@ -24,6 +25,8 @@ nginx_bin() {
 missing=()
 nginx_bin >/dev/null || missing+=(nginx)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}" >&2
   SUDO=""
@@ -33,6 +36,26 @@ if [ ${#missing[@]} -gt 0 ]; then
   # its own nginx on a free port either way.
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
+for tool in node npm; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "bench/run.sh: $tool is missing after the install (Debian packages nodejs and npm); the node rows need it" >&2
+    exit 1
+  fi
+done
+# The node rows' handler needs stripe and redis at the versions its
+# package.json pins; no lock file is kept (like the gate's Cargo.lock).
+node_packages_ok() {
+  (cd bench/node && node -e '
+    const deps = require("./package.json").dependencies;
+    for (const [name, want] of Object.entries(deps)) {
+      if (require(`./node_modules/${name}/package.json`).version !== want) process.exit(1);
+    }') >/dev/null 2>&1
+}
+if ! node_packages_ok; then
+  echo "installing the node rows' packages into bench/node/node_modules" >&2
+  (cd bench/node && npm install --no-package-lock --no-audit --no-fund >&2)
+  node_packages_ok || { echo "bench/run.sh: bench/node/node_modules lacks the pinned packages after npm install" >&2; exit 1; }
+fi
 
 # Both builds share bench/target (the bench mirrors the gate's release
 # profile, so every dependency is compiled once) and leave target/ alone.
@@ -41,8 +64,10 @@ echo "building release binaries into $CARGO_TARGET_DIR" >&2
 cargo build --release --bin hookgate >&2
 cargo build --release --manifest-path bench/Cargo.toml >&2
 
-echo "hookgate $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' with local changes in src/'), $("$(nginx_bin)" -v 2>&1), $(redis-server --version | cut -d' ' -f1-3)" >&2
+echo "hookgate $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' with local changes in src/'), $("$(nginx_bin)" -v 2>&1), $(redis-server --version | cut -d' ' -f1-3), node $(node --version)" >&2
 exec "$CARGO_TARGET_DIR/release/hookgate-bench" suite \
   --hookgate "$CARGO_TARGET_DIR/release/hookgate" \
   --nginx "$(nginx_bin)" \
+  --node "$(command -v node)" \
+  --node-handler bench/node/handler.js \
   "$@"

@@ -60,6 +60,13 @@ struct SuiteArgs {
     nginx: PathBuf,
     #[arg(long, default_value = "redis-server")]
     redis: PathBuf,
+    /// Node.js, for the node rows.
+    #[arg(long, default_value = "node")]
+    node: PathBuf,
+    /// The node rows' handler; its packages are installed beside it
+    /// (`npm install` in its directory: bench/run.sh does).
+    #[arg(long, default_value = "bench/node/handler.js")]
+    node_handler: PathBuf,
     /// Seconds measured per row.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
@@ -158,6 +165,8 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
         candidate: a.candidate,
         nginx: a.nginx,
         redis: a.redis,
+        node: a.node,
+        node_handler: a.node_handler,
         duration: Duration::from_secs_f64(duration),
         warmup: Duration::from_secs_f64(warmup),
         connections: a.connections,
@@ -207,6 +216,22 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
     };
     let rows = suite::rows(&options);
     let drains = suite::drains(&options);
+    if rows.iter().any(|r| r.target == suite::Target::Node) {
+        let modules = options
+            .node_handler
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("node_modules");
+        if !options.node_handler.is_file() || !modules.is_dir() {
+            eprintln!(
+                "the node rows need {} and its packages in {} \
+                 (`npm install --no-package-lock --no-audit --no-fund` there; bench/run.sh does)",
+                options.node_handler.display(),
+                modules.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    }
     let machine = report::machine();
     eprintln!("machine: {machine}");
     eprintln!("run directory: {}", dir.path().display());

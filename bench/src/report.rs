@@ -60,6 +60,7 @@ fn target_name(t: Target) -> &'static str {
         Target::Nginx => "nginx `proxy_pass`",
         Target::Gate(Store::Redis) => "hookgate on redis",
         Target::Gate(Store::Sqlite) => "hookgate on sqlite",
+        Target::Node => "node handler on redis",
     }
 }
 
@@ -107,7 +108,7 @@ fn errors(m: &Measured) -> String {
 /// The closed-loop table: throughput and its ratio to nginx.
 pub fn throughput(results: &[Measured]) -> String {
     let mut out = String::from(
-        "| target | workload | connections | requests/s | vs nginx | p50 ms | p99 ms | p99.9 ms | errors | hookgate peak RSS (file-backed) |\n\
+        "| target | workload | connections | requests/s | vs nginx | p50 ms | p99 ms | p99.9 ms | errors | gate's or node's peak RSS (file-backed) |\n\
          |---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for m in results
@@ -258,7 +259,8 @@ pub fn targets(results: &[Measured], o: &Options) -> String {
     let peak = results
         .iter()
         .filter(|m| {
-            !m.row.candidate
+            matches!(m.row.target, Target::Gate(_))
+                && !m.row.candidate
                 && !m.row.queue
                 && m.row.connections == o.rss_connections
                 && matches!(m.row.pacing, Pacing::Closed)

@@ -45,6 +45,9 @@ pub enum Answerer {
     /// The gate, queue mode: 202 once the event and its job are committed
     /// (`accepted`), and 202 again for duplicates.
     Queue,
+    /// bench/node/handler.js: 200 for a fresh event (`processed`) and for a
+    /// duplicate (`duplicate`), 400 for a forgery.
+    Node,
 }
 
 impl Expect {
@@ -58,7 +61,7 @@ impl Expect {
                     result: None,
                 };
             }
-            Answerer::Forward => 200,
+            Answerer::Forward | Answerer::Node => 200,
             Answerer::Queue => 202,
         };
         match kind {
@@ -66,6 +69,7 @@ impl Expect {
                 status,
                 result: Some(match by {
                     Answerer::Queue => "accepted",
+                    Answerer::Node => "processed",
                     _ => "forwarded",
                 }),
             },

@@ -1,5 +1,5 @@
 //! The processes a run starts: the upstream, nginx, redis-server and one
-//! gate per row, each on a free loopback port, each stopped (SIGTERM, then
+//! gate (or node handler) per row, each on a free loopback port, each stopped (SIGTERM, then
 //! SIGKILL) when dropped.
 
 use std::fs;
@@ -307,6 +307,29 @@ fn redis_pong(addr: SocketAddr) -> bool {
     s.write_all(b"PING\r\n").is_ok()
         && s.read(&mut buf)
             .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+}
+
+/// bench/node/handler.js under `node`: what a user would write instead of
+/// the gate, on the shared redis-server with a key prefix of its own.
+pub fn node(
+    bin: &Path,
+    handler: &Path,
+    dir: &Path,
+    tag: &str,
+    redis: &Service,
+) -> io::Result<Service> {
+    let port = free_port()?;
+    let log = dir.join(format!("{tag}.log"));
+    let mut command = Command::new(bin);
+    command
+        .arg(handler)
+        .env("PORT", port.to_string())
+        .env("REDIS_URL", format!("redis://127.0.0.1:{}/0", redis.port))
+        .env("STRIPE_WEBHOOK_SECRET", SECRET)
+        .env("KEY_PREFIX", format!("bench-{tag}"));
+    let mut service = Service::spawn(&format!("node ({tag})"), port, &mut command, &log)?;
+    service.wait_ready(&log, |a| get(a, "/healthz", "127.0.0.1") == Some(200))?;
+    Ok(service)
 }
 
 /// Where a gate keeps its dedupe state.

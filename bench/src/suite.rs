@@ -25,6 +25,9 @@ pub struct Options {
     pub candidate: Option<PathBuf>,
     pub nginx: PathBuf,
     pub redis: PathBuf,
+    /// Node.js and the node rows' handler (bench/node/handler.js).
+    pub node: PathBuf,
+    pub node_handler: PathBuf,
     pub duration: Duration,
     pub warmup: Duration,
     /// Closed-loop connections of the throughput rows.
@@ -60,6 +63,9 @@ pub enum Target {
     Direct,
     Nginx,
     Gate(Store),
+    /// What a user would write instead of the gate: bench/node/handler.js,
+    /// Stripe's `constructEvent` and a Redis `SET NX EX`, with no app behind.
+    Node,
 }
 
 #[derive(Clone, Debug)]
@@ -96,9 +102,10 @@ pub struct Measured {
     /// CPU seconds used by all of them per second of the row: how many of
     /// the machine's cores the row kept busy.
     pub busy_cores: f64,
-    /// The gate's peak resident set over the row (priming included), KiB.
+    /// The gate's (or node's) peak resident set over the row (priming
+    /// included), KiB.
     pub rss_kib: Option<u64>,
-    /// Of the gate's resident set at the end, the file-backed part, KiB.
+    /// Of that process's resident set at the end, the file-backed part, KiB.
     pub file_rss_kib: Option<u64>,
     /// Queue rows: what the relay did.
     pub queue: Option<Relayed>,
@@ -181,6 +188,8 @@ pub fn rows(o: &Options) -> Vec<Row> {
         closed("sqlite forged", sqlite, Mix::FORGED, c),
         closed("redis mixed", redis, Mix::MIXED, c),
         closed("sqlite mixed", sqlite, Mix::MIXED, c),
+        closed("node on redis fresh", Target::Node, Mix::FRESH, c),
+        closed("node on redis duplicate", Target::Node, Mix::DUPLICATE, c),
         queued("redis queue fresh", redis, Mix::FRESH, c),
         queued("sqlite queue fresh", sqlite, Mix::FRESH, c),
         queued("redis queue duplicate", redis, Mix::DUPLICATE, c),
@@ -275,7 +284,7 @@ pub fn run(
         true => Some(services::nginx(&o.nginx, dir, upstream.port)?),
         false => None,
     };
-    let redis = match needs(|t| *t == Target::Gate(Store::Redis))
+    let redis = match needs(|t| matches!(t, Target::Gate(Store::Redis) | Target::Node))
         || drains.iter().any(|d| d.store == Store::Redis)
     {
         true => Some(services::redis(&o.redis, dir)?),
@@ -294,7 +303,7 @@ pub fn run(
                 i,
                 None,
                 None,
-                &watched(&upstream, None, None),
+                &watched(Some(&upstream), None, None),
             )?,
             Target::Nginx => {
                 let nginx = nginx.as_ref().expect("started");
@@ -306,8 +315,16 @@ pub fn run(
                     i,
                     None,
                     None,
-                    &watched(&upstream, Some(nginx), None),
+                    &watched(Some(&upstream), Some(nginx), None),
                 )?
+            }
+            Target::Node => {
+                let redis = redis.as_ref().expect("started");
+                let tag = format!("row{i}-node");
+                let node = services::node(&o.node, &o.node_handler, dir, &tag, redis)?;
+                // No upstream: the handler is the application.
+                let procs = watched(None, Some(&node), Some(redis));
+                measure(o, dir, row, &node, i, None, None, &procs)?
             }
             Target::Gate(store) => {
                 let tag = format!("row{i}-{}", store.name());
@@ -330,7 +347,7 @@ pub fn run(
                     &o.gate_env,
                 )?;
                 let redis = redis.as_ref().filter(|_| store == Store::Redis);
-                let procs = watched(&upstream, Some(&gate), redis);
+                let procs = watched(Some(&upstream), Some(&gate), redis);
                 let app = row.queue.then_some(&upstream);
                 measure(o, dir, row, &gate, i, Some(&tag), app, &procs)?
             }
@@ -411,7 +428,7 @@ fn drain(
         &o.gate_env,
     )?;
     let redis = redis.filter(|_| d.store == Store::Redis);
-    let procs = watched(&app, Some(&gate), redis);
+    let procs = watched(Some(&app), Some(&gate), redis);
     let builder = Builder::new(gate.port, Answerer::Queue, &format!("r{index}"));
     let pool = Arc::new(builder.mixed(d.events, Mix::FRESH, None));
     let plan = Plan {
@@ -476,14 +493,12 @@ fn drain(
 
 /// The processes whose CPU time a row accounts for.
 fn watched(
-    upstream: &Service,
+    upstream: Option<&Service>,
     proxy: Option<&Service>,
     redis: Option<&Service>,
 ) -> Vec<(Role, u32)> {
-    let mut procs = vec![
-        (Role::Generator, std::process::id()),
-        (Role::Upstream, upstream.pid()),
-    ];
+    let mut procs = vec![(Role::Generator, std::process::id())];
+    procs.extend(upstream.map(|u| (Role::Upstream, u.pid())));
     procs.extend(proxy.map(|p| (Role::Proxy, p.pid())));
     procs.extend(redis.map(|r| (Role::Redis, r.pid())));
     procs
@@ -501,10 +516,11 @@ fn measure(
     queue_app: Option<&Service>,
     procs: &[(Role, u32)],
 ) -> io::Result<Measured> {
-    let answerer = match (gate_tag, row.queue) {
-        (None, _) => Answerer::Upstream,
-        (Some(_), false) => Answerer::Forward,
-        (Some(_), true) => Answerer::Queue,
+    let answerer = match (row.target, row.queue) {
+        (Target::Direct | Target::Nginx, _) => Answerer::Upstream,
+        (Target::Node, _) => Answerer::Node,
+        (Target::Gate(_), false) => Answerer::Forward,
+        (Target::Gate(_), true) => Answerer::Queue,
     };
     let builder = Builder::new(server.port, answerer, &format!("r{index}"));
     // Counted before priming: in queue mode the relay delivers the primed
@@ -607,13 +623,14 @@ fn measure(
             eprintln!("        (no metrics from the gate: {e})");
         }
     }
+    let has_rss = matches!(row.target, Target::Gate(_) | Target::Node);
     Ok(Measured {
         row: row.clone(),
         outcome,
         cpu_per_request,
         busy_cores,
-        rss_kib: gate_tag.and_then(|_| server.peak_rss_kib()),
-        file_rss_kib: gate_tag.and_then(|_| server.file_rss_kib()),
+        rss_kib: has_rss.then(|| server.peak_rss_kib()).flatten(),
+        file_rss_kib: has_rss.then(|| server.file_rss_kib()).flatten(),
         queue,
     })
 }
@@ -665,7 +682,9 @@ fn pool_for(o: &Options, row: &Row, builder: &Builder, primed: Option<&Pool>) ->
             pool.cycle = true;
             pool
         }
-        Target::Gate(_) if row.mix.fresh == 0 => builder.mixed(o.dup_set, row.mix, primed),
-        Target::Gate(_) => builder.mixed(fresh_count, row.mix, primed),
+        Target::Gate(_) | Target::Node if row.mix.fresh == 0 => {
+            builder.mixed(o.dup_set, row.mix, primed)
+        }
+        Target::Gate(_) | Target::Node => builder.mixed(fresh_count, row.mix, primed),
     }
 }
