@@ -115,7 +115,7 @@ impl Pool {
 }
 
 /// A traffic mix in percent, summing to 100.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Mix {
     pub fresh: u32,
     pub duplicate: u32,
