@@ -10,6 +10,9 @@
 #                                 # events), no timing asserted
 #   bench/run.sh --duration 30 --only "sqlite fresh"   # one kind of row
 #   bench/run.sh --only queue     # queue mode: accepts, and the relay's drain
+#   bench/run.sh --instructions --duration 5 --warmup 1 --dup-set 1000 \
+#     --only "sqlite duplicate c64"   # the gate's instructions per request
+#                                     # (callgrind; needs valgrind)
 #   bench/run.sh --help           # every option of `hookgate-bench suite`
 #
 # Arguments go to `hookgate-bench suite`. The gate's stdout (one JSON line

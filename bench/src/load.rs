@@ -10,6 +10,12 @@
 //! coordinated omission); one that had to wait for the due time measures
 //! from when it actually sent, so the generator's timer slack is not blamed
 //! on the server.
+//!
+//! With a pause ([`run_with`]) the warm-up is a phase of its own: once its
+//! last answer is in, every connection stays open and idle while the pause
+//! runs (callgrind's collection is switched on there), then the measured
+//! phase starts on the same connections. The server's work in the measured
+//! phase is then the measured requests' and nothing else.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -80,6 +86,9 @@ impl Outcome {
 struct Shared {
     plan: Plan,
     pool: Arc<Pool>,
+    /// The first pool slot of this phase (an open loop's schedule starts
+    /// there).
+    first_slot: usize,
     next: AtomicUsize,
     start: Instant,
     measure_from: Instant,
@@ -96,6 +105,12 @@ struct Shared {
 /// Runs `plan` over `pool` on a runtime of its own and returns when every
 /// connection has finished.
 pub fn run(plan: &Plan, pool: Arc<Pool>) -> Outcome {
+    run_with(plan, pool, None)
+}
+
+/// [`run`], with `pause` called between the warm-up and the measured phase
+/// when every connection is idle (no request in flight).
+pub fn run_with(plan: &Plan, pool: Arc<Pool>, pause: Option<&mut dyn FnMut()>) -> Outcome {
     let runtime = if plan.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -107,10 +122,40 @@ pub fn run(plan: &Plan, pool: Arc<Pool>) -> Outcome {
             .build()
     }
     .expect("a tokio runtime for the load generator");
-    runtime.block_on(run_async(plan.clone(), pool))
+    let Some(pause) = pause else {
+        let idle = (0..plan.connections.max(1)).map(|_| None).collect();
+        return runtime.block_on(phase(plan.clone(), pool, 0, idle)).outcome;
+    };
+    let warmup = Plan {
+        duration: Duration::ZERO,
+        ..plan.clone()
+    };
+    let idle = (0..plan.connections.max(1)).map(|_| None).collect();
+    let warm = runtime.block_on(phase(warmup, Arc::clone(&pool), 0, idle));
+    pause();
+    let measured = Plan {
+        warmup: Duration::ZERO,
+        ..plan.clone()
+    };
+    let run = runtime.block_on(phase(measured, pool, warm.next_slot, warm.conns));
+    let (warm, mut outcome) = (warm.outcome, run.outcome);
+    outcome.answered_total += warm.answered_total;
+    outcome.exhausted |= warm.exhausted;
+    outcome.first_error = warm.first_error.or(outcome.first_error);
+    outcome
 }
 
-async fn run_async(plan: Plan, pool: Arc<Pool>) -> Outcome {
+/// What one phase leaves: its outcome, the first pool slot it did not use
+/// and its connections (each still open, or `None`).
+struct Phase {
+    outcome: Outcome,
+    next_slot: usize,
+    conns: Vec<Option<Conn>>,
+}
+
+/// Sends `plan` from the pool's `first_slot` on, one worker per connection
+/// of `conns`, and returns when every worker has finished.
+async fn phase(plan: Plan, pool: Arc<Pool>, first_slot: usize, conns: Vec<Option<Conn>>) -> Phase {
     let start = Instant::now();
     let measure_from = start + plan.warmup;
     let measure_until = measure_from + plan.duration;
@@ -118,7 +163,8 @@ async fn run_async(plan: Plan, pool: Arc<Pool>) -> Outcome {
     let shared = Arc::new(Shared {
         plan: plan.clone(),
         pool,
-        next: AtomicUsize::new(0),
+        first_slot,
+        next: AtomicUsize::new(first_slot),
         start,
         measure_from,
         measure_until,
@@ -130,18 +176,20 @@ async fn run_async(plan: Plan, pool: Arc<Pool>) -> Outcome {
         last_answer: Mutex::new(measure_from),
         first_error: Mutex::new(None),
     });
-    let workers: Vec<_> = (0..plan.connections.max(1))
-        .map(|_| tokio::spawn(worker(Arc::clone(&shared))))
+    let workers: Vec<_> = conns
+        .into_iter()
+        .map(|conn| tokio::spawn(worker(Arc::clone(&shared), conn)))
         .collect();
+    let mut conns = Vec::with_capacity(workers.len());
     for w in workers {
-        let _ = w.await;
+        conns.push(w.await.ok().flatten());
     }
     let last = *shared.last_answer.lock().unwrap();
     let latency = std::mem::replace(
         &mut *shared.latency.lock().unwrap(),
         Histogram::new(3).unwrap(),
     );
-    Outcome {
+    let outcome = Outcome {
         completed: shared.completed.load(Ordering::Relaxed),
         errors: shared.errors.load(Ordering::Relaxed),
         answered_total: shared.answered_total.load(Ordering::Relaxed),
@@ -149,6 +197,11 @@ async fn run_async(plan: Plan, pool: Arc<Pool>) -> Outcome {
         latency,
         exhausted: shared.exhausted.load(Ordering::Relaxed),
         first_error: shared.first_error.lock().unwrap().clone(),
+    };
+    Phase {
+        outcome,
+        next_slot: shared.next.load(Ordering::Relaxed),
+        conns,
     }
 }
 
@@ -170,7 +223,8 @@ impl Shared {
                 None
             }
             Pacing::Open(rate) => {
-                let due = self.start + Duration::from_secs_f64(slot as f64 / rate);
+                let nth = slot - self.first_slot;
+                let due = self.start + Duration::from_secs_f64(nth as f64 / rate);
                 if due >= self.measure_until {
                     return None;
                 }
@@ -200,8 +254,9 @@ impl Shared {
     }
 }
 
-async fn worker(shared: Arc<Shared>) {
-    let mut conn: Option<Conn> = None;
+/// Sends requests on `conn` (or a new connection) until the phase is over;
+/// the connection, if still open.
+async fn worker(shared: Arc<Shared>, mut conn: Option<Conn>) -> Option<Conn> {
     while let Some(due) = shared.take() {
         let sent = match due.at {
             Some(at) if at > Instant::now() => {
@@ -266,5 +321,97 @@ async fn worker(shared: Arc<Shared>) {
                 );
             }
         }
+    }
+    conn
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::requests::{Answerer, Builder, Mix};
+
+    /// A blocking server that answers every request 200 and counts the
+    /// connections it accepted and the requests it answered.
+    fn counting_server() -> (SocketAddr, Arc<AtomicU64>, Arc<AtomicU64>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (accepted, answered) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (a, n) = (Arc::clone(&accepted), Arc::clone(&answered));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                a.fetch_add(1, Ordering::SeqCst);
+                let n = Arc::clone(&n);
+                std::thread::spawn(move || serve(stream.unwrap(), &n));
+            }
+        });
+        (addr, accepted, answered)
+    }
+
+    fn serve(mut s: TcpStream, answered: &AtomicU64) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut req = httparse::Request::new(&mut headers);
+            if let Ok(httparse::Status::Complete(head)) = req.parse(&buf) {
+                let len: usize = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .map_or(0, |h| {
+                        std::str::from_utf8(h.value).unwrap().parse().unwrap()
+                    });
+                if buf.len() >= head + len {
+                    buf.drain(..head + len);
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .unwrap();
+                    continue;
+                }
+            }
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    #[test]
+    fn a_pause_finds_nothing_in_flight_and_the_connections_stay_open() {
+        let (addr, accepted, answered) = counting_server();
+        let mut pool =
+            Builder::new(addr.port(), Answerer::Upstream, "p").mixed(100, Mix::FRESH, None);
+        pool.cycle = true;
+        let plan = Plan {
+            addr,
+            connections: 4,
+            pacing: Pacing::Closed,
+            warmup: Duration::from_millis(200),
+            duration: Duration::from_millis(200),
+            threads: 1,
+            timeout: Duration::from_secs(5),
+        };
+        let mut at_pause = None;
+        let pause: &mut dyn FnMut() = &mut || {
+            let before = answered.load(Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(50));
+            // Nothing arrives while paused: no request was in flight.
+            assert_eq!(answered.load(Ordering::SeqCst), before);
+            at_pause = Some(before);
+        };
+        let outcome = run_with(&plan, Arc::new(pool), Some(pause));
+        let at_pause = at_pause.expect("the pause ran");
+        assert!(at_pause > 0 && outcome.completed > 0);
+        // The server answered in the window exactly the measured requests.
+        assert_eq!(
+            answered.load(Ordering::SeqCst),
+            at_pause + outcome.completed
+        );
+        assert_eq!(outcome.answered_total, answered.load(Ordering::SeqCst));
+        assert_eq!(accepted.load(Ordering::SeqCst), 4);
+        assert_eq!(outcome.errors, 0);
     }
 }

@@ -117,6 +117,12 @@ struct SuiteArgs {
     /// Arguments for `perf record`.
     #[arg(long, default_value = "-F 999 -g")]
     perf_args: String,
+    /// Run each gate under callgrind and print its instructions per answered
+    /// request, counted from the end of the warm-up (and priming) to the end
+    /// of the measured window. The gate runs 30-50x slower: try `--duration
+    /// 5 --warmup 1 --dup-set 1000`. Its CPU, RSS and latency are valgrind's.
+    #[arg(long, conflicts_with = "perf")]
+    instructions: bool,
     /// Events a drain row accepts (while the app holds the relay back)
     /// before it times the relay delivering them (500 with --smoke).
     #[arg(long, default_value_t = 20_000)]
@@ -191,6 +197,7 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
             .collect(),
         perf: a.perf,
         perf_args: a.perf_args,
+        instructions: a.instructions,
         drain_events: drain_events.max(1),
         drain_concurrency: a.drain_concurrency,
     };
@@ -199,6 +206,17 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
             "no gate binary at {} (build it: cargo build --release)",
             options.hookgate.display()
         );
+        return ExitCode::FAILURE;
+    }
+    if options.instructions
+        && !["valgrind", "callgrind_control"].iter().all(|tool| {
+            std::process::Command::new(tool)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    {
+        eprintln!("--instructions needs valgrind and callgrind_control (apt-get install valgrind)");
         return ExitCode::FAILURE;
     }
     if let Some(dir) = &options.perf
@@ -276,8 +294,17 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
         text.push('\n');
         text.push_str(&report::drain(&drained));
     }
-    text.push('\n');
-    text.push_str(&report::targets(&results, &options));
+    if options.instructions {
+        text.push('\n');
+        text.push_str(&report::instructions(&results));
+        text.push_str(
+            "\nThe gates ran under callgrind (--instructions): their rows' requests/s, \
+             latency, CPU and RSS are valgrind's, so no target is judged.\n",
+        );
+    } else {
+        text.push('\n');
+        text.push_str(&report::targets(&results, &options));
+    }
     println!("{text}");
     if let Some(out) = &a.out
         && let Err(e) = std::fs::write(out, &text)

@@ -7,7 +7,7 @@ use std::fs;
 use crate::load::Pacing;
 use crate::requests::Mix;
 use crate::services::Store;
-use crate::suite::{DrainMeasured, Measured, Options, Role, Target};
+use crate::suite::{self, DrainMeasured, Measured, Options, Role, Target};
 
 /// The targets. The gate's CPU per request (its own process: user + system,
 /// every thread) at most this many times nginx's at the same connections,
@@ -483,6 +483,49 @@ pub fn drain(drained: &[DrainMeasured]) -> String {
             us(Role::Redis),
             m.busy_cores,
             m.retries,
+        );
+    }
+    out
+}
+
+/// With `--instructions`: each gate row's instructions (callgrind's count,
+/// every thread) over its measured window, per answer in it. Candidate
+/// rows also over the same row of the tree's binary.
+pub fn instructions(results: &[Measured]) -> String {
+    let mut out = String::from(
+        "| target | workload | load | answered | instructions/request | vs hookgate |\n\
+         |---|---|---|--:|--:|--:|\n",
+    );
+    let per_request = |m: &Measured| {
+        m.instructions
+            .filter(|_| m.outcome.completed > 0)
+            .map(|i| i as f64 / m.outcome.completed as f64)
+    };
+    for m in results.iter() {
+        let Some(mine) = per_request(m) else {
+            continue;
+        };
+        let load = match m.row.pacing {
+            Pacing::Closed => format!("{} connections", m.row.connections),
+            Pacing::Open(rate) => format!("{rate:.0}/s, {} connections", m.row.connections),
+        };
+        let versus = results
+            .iter()
+            .filter(|_| m.row.candidate)
+            .find(|b| {
+                !b.row.candidate
+                    && suite::label(&b.row) == suite::label(&m.row).replace(" (candidate)", "")
+            })
+            .and_then(per_request)
+            .map_or_else(String::new, |base| {
+                format!("{:+.1}%", (mine / base - 1.0) * 100.0)
+            });
+        let _ = writeln!(
+            out,
+            "| {} | {} | {load} | {} | {mine:.0} | {versus} |",
+            name(m),
+            workload(m),
+            m.outcome.completed,
         );
     }
     out

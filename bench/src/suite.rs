@@ -50,6 +50,9 @@ pub struct Options {
     /// Record a `perf` profile of each gate row into this directory.
     pub perf: Option<PathBuf>,
     pub perf_args: String,
+    /// Run each gate row's gate under callgrind and count its instructions
+    /// over the measured window.
+    pub instructions: bool,
     /// Events accepted (with the app holding the relay back) before a
     /// drain row times the relay.
     pub drain_events: usize,
@@ -109,6 +112,9 @@ pub struct Measured {
     pub file_rss_kib: Option<u64>,
     /// Queue rows: what the relay did.
     pub queue: Option<Relayed>,
+    /// With `--instructions`, a gate row's: the gate's instructions over
+    /// the measured window, which answered `outcome.completed` requests.
+    pub instructions: Option<u64>,
 }
 
 /// What the relay of a queue row delivered.
@@ -345,6 +351,9 @@ pub fn run(
                     }),
                     &o.gate_log,
                     &o.gate_env,
+                    o.instructions
+                        .then(|| dir.join(format!("{tag}.cg")))
+                        .as_deref(),
                 )?;
                 let redis = redis.as_ref().filter(|_| store == Store::Redis);
                 let procs = watched(Some(&upstream), Some(&gate), redis);
@@ -426,6 +435,7 @@ fn drain(
         }),
         &o.gate_log,
         &o.gate_env,
+        None,
     )?;
     let redis = redis.filter(|_| d.store == Store::Redis);
     let procs = watched(Some(&app), Some(&gate), redis);
@@ -591,7 +601,18 @@ fn measure(
         .collect();
     let app_before = queue_app.map(services::app_stats).transpose()?;
     let started = std::time::Instant::now();
-    let outcome = load::run(&plan, pool);
+    let (outcome, instructions) = match server.counts_instructions() {
+        false => (load::run(&plan, pool), None),
+        // Counted from the end of the warm-up, with no request in flight,
+        // to the last answer of the measured window.
+        true => {
+            let mut switched = Ok(());
+            let pause: &mut dyn FnMut() = &mut || switched = server.count_instructions();
+            let outcome = load::run_with(&plan, pool, Some(pause));
+            switched?;
+            (outcome, Some(server.instructions_counted()?))
+        }
+    };
     let wall = started.elapsed().as_secs_f64();
     let cpu: Vec<(Role, f64)> = procs
         .iter()
@@ -632,6 +653,7 @@ fn measure(
         rss_kib: has_rss.then(|| server.peak_rss_kib()).flatten(),
         file_rss_kib: has_rss.then(|| server.file_rss_kib()).flatten(),
         queue,
+        instructions,
     })
 }
 
