@@ -16,6 +16,7 @@ TASKS = [
     ("delivery task", r"^hookgate::pipeline::deliver|^hookgate::pipeline::phases"),
     ("inbound connection task (hyper server: parse request, write answer, socket I/O)",
      r"^hookgate::server::serve::\{\{closure\}\}::\{\{closure\}\}"
+     r"|^hookgate::server::spawn_connection|^hookgate::server::Protocols::serve"
      r"|^<hyper_util::server::graceful::GracefulConnectionFuture"),
     ("upstream connection task (hyper client: write request, parse answer, socket I/O)",
      r"UpgradeableConnection"),
