@@ -155,77 +155,74 @@ async fn stages(
     record.verification = Verification::Ok;
     record.secret_index = Some(verified.secret_index);
     let settings = &provider.settings;
+    let read = Read {
+        gate,
+        settings,
+        request: &request,
+        conn,
+    };
     let identities = match plan::plan(settings, &request)? {
         // No key, forwarded without dedupe (in queue mode too: such
         // deliveries, Slack's url_verification say, want the app's answer).
-        Plan::Unkeyed => {
-            return send(
-                gate,
-                settings,
-                &request,
-                conn,
-                None,
-                Payload::Signed(None),
-                record,
-            )
-            .await;
-        }
+        Plan::Unkeyed => return send(&read, None, Payload::Signed(None), record).await,
         Plan::Keyed(identities) => identities,
     };
     record.key = Some(Plan::label(&identities));
     if settings.mode == Mode::Queue {
-        return queued(gate, settings, &request, conn, &identities, record).await;
+        return queued(&read, &identities, record).await;
     }
-    claimed(gate, settings, &request, conn, &identities, record).await
+    claimed(&read, &identities, record).await
+}
+
+/// A verified delivery, read whole, and where it goes: what the terminal
+/// stages take.
+struct Read<'a> {
+    gate: &'a Gate,
+    settings: &'a ProviderSettings,
+    request: &'a read::Request,
+    conn: Conn,
 }
 
 /// Queue mode's terminal stage: accept into the outbox, answer at once.
 async fn queued(
-    gate: &Gate,
-    settings: &ProviderSettings,
-    request: &read::Request,
-    conn: Conn,
+    read: &Read<'_>,
     identities: &[plan::Identity],
     record: &mut DeliveryRecord,
 ) -> Result<Response<ProxyBody>, GateError> {
-    {
-        let span = record.stage(Stage::Accept);
-        let cx = AcceptContext {
-            store: &gate.store,
-            queue: &gate.settings.queue,
-            relay: &gate.relay_wakeup,
-            trace: &span,
-        };
-        let accepted = accept::accept(&cx, settings, request, conn, identities).await;
-        let accepted = span.end(accepted)?;
-        record.dedupe = accepted.dedupe;
-        record.mismatch = accepted.mismatch;
-        record.outcome = if accepted.accepted {
-            Outcome::Accepted
-        } else {
-            Outcome::Duplicate
-        };
-        Ok(accepted.response)
-    }
+    let span = record.stage(Stage::Accept);
+    let cx = AcceptContext {
+        store: &read.gate.store,
+        queue: &read.gate.settings.queue,
+        relay: &read.gate.relay_wakeup,
+        trace: &span,
+    };
+    let accepted = accept::accept(&cx, read.settings, read.request, read.conn, identities).await;
+    let accepted = span.end(accepted)?;
+    record.dedupe = accepted.dedupe;
+    record.mismatch = accepted.mismatch;
+    record.outcome = if accepted.accepted {
+        Outcome::Accepted
+    } else {
+        Outcome::Duplicate
+    };
+    Ok(accepted.response)
 }
 
 /// Forward mode: claim every key, then forward a fresh delivery (or answer
 /// a duplicate from its stored response).
 async fn claimed(
-    gate: &Gate,
-    settings: &ProviderSettings,
-    request: &read::Request,
-    conn: Conn,
+    read: &Read<'_>,
     identities: &[plan::Identity],
     record: &mut DeliveryRecord,
 ) -> Result<Response<ProxyBody>, GateError> {
+    let Read { gate, settings, .. } = read;
     let cx = ClaimContext {
         store: &gate.store,
         inflight: &gate.inflight,
         lease: gate.settings.dedupe.lease,
     };
     let span = record.stage(Stage::Claim);
-    let claimed = span.end(claim::claim(&cx, settings, &request.body, identities).await)?;
+    let claimed = span.end(claim::claim(&cx, settings, &read.request.body, identities).await)?;
     record.dedupe = claimed.dedupe;
     record.mismatch = claimed.mismatch;
     let (held, partial) = match claimed.claims {
@@ -242,21 +239,27 @@ async fn claimed(
         (None, [one]) => Payload::Signed(Some(one.key.clone())),
         (None, _) => Payload::Signed(None),
     };
-    send(gate, settings, request, conn, Some(held), payload, record).await
+    send(read, Some(held), payload, record).await
 }
 
 /// The forward and finish stages.
 async fn send(
-    gate: &Gate,
-    settings: &ProviderSettings,
-    request: &read::Request,
-    conn: Conn,
+    read: &Read<'_>,
     held: Option<HeldClaims>,
     payload: Payload,
     record: &mut DeliveryRecord,
 ) -> Result<Response<ProxyBody>, GateError> {
     let span = record.stage(Stage::Forward);
-    let answer = forward::send(&gate.upstream, settings, request, conn, payload, &span).await;
+    let Read { gate, settings, .. } = read;
+    let answer = forward::send(
+        &gate.upstream,
+        settings,
+        read.request,
+        read.conn,
+        payload,
+        &span,
+    );
+    let answer = answer.await;
     span.answered(&answer);
     record.upstream_status = answer.as_ref().ok().map(|a| a.parts.status.as_u16());
     let span = record.stage(Stage::Finish);
