@@ -16,7 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
 use crate::body::{BoxError, ProxyBody};
@@ -56,6 +56,8 @@ pub struct Conn {
 struct Protocols {
     http1: http1::Builder,
     auto: auto::Builder<TokioExecutor>,
+    /// How long a connection served by `auto` may go without a request.
+    first_request: Duration,
 }
 
 /// Serves `handler` on `listener` (over TLS when an acceptor is given)
@@ -140,7 +142,9 @@ pub async fn serve<F, Fut>(
                                 Ok(Err(e)) => return Err(e.into()),
                                 Err(_) => return Err("TLS handshake timed out".into()),
                             };
-                            let http1 = stream.get_ref().1.alpn_protocol() == Some(b"http/1.1");
+                            // HTTP/2 over TLS is negotiated by ALPN (RFC 9113,
+                            // 3.2): without "h2", the client speaks HTTP/1.
+                            let http1 = stream.get_ref().1.alpn_protocol() != Some(b"h2");
                             protocols.serve(TokioIo::new(stream), http1, service, watcher).await
                         });
                     }
@@ -173,11 +177,19 @@ impl Protocols {
         auto.http2()
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-        Self { http1, auto }
+        Self {
+            http1,
+            auto,
+            first_request: limits.header_read_timeout,
+        }
     }
 
     /// Serves one connection until it ends or `watcher`'s shutdown has
-    /// drained it.
+    /// drained it. hyper's HTTP/1 server times the first head itself (so,
+    /// after the wait for the first bytes, a head may take up to twice
+    /// `server.read_timeout`); neither `auto`'s detection nor its HTTP/2
+    /// server times anything, so a connection served by `auto` that has
+    /// not sent a request within `first_request` is let go.
     async fn serve<I, S>(
         &self,
         io: I,
@@ -197,10 +209,40 @@ impl Protocols {
                 .watch(self.http1.serve_connection(io, service))
                 .await?)
         } else {
-            // Boxed: its state would otherwise size every connection's task.
+            let seen = Arc::new(Notify::new());
+            let service = Noting {
+                inner: service,
+                seen: Arc::clone(&seen),
+            };
             let conn = self.auto.serve_connection(io, service).into_owned();
-            Box::pin(watcher.watch(conn)).await
+            // Boxed: its state would otherwise size every connection's task.
+            let mut conn = Box::pin(watcher.watch(conn));
+            tokio::select! {
+                ended = &mut conn => return ended,
+                () = seen.notified() => {}
+                () = tokio::time::sleep(self.first_request) => {
+                    return Err("no request within the read timeout".into());
+                }
+            }
+            conn.await
         }
+    }
+}
+
+/// A service that says on `seen` when its first request came.
+struct Noting<S> {
+    inner: S,
+    seen: Arc<Notify>,
+}
+
+impl<S: Service<Request<Incoming>>> Service<Request<Incoming>> for Noting<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        self.seen.notify_one();
+        self.inner.call(req)
     }
 }
 
@@ -305,11 +347,13 @@ mod tests {
     }
 
     /// Whether a server with a 200 ms read timeout closes a connection
-    /// whose client sent `sent` and then nothing.
+    /// whose client sent `sent` and then nothing, and not before the
+    /// timeout (a connection task that failed at once would close it too).
     async fn cut_off_after(sent: &[u8]) {
         let (addr, _stop, _served) = server(Duration::from_millis(200)).await;
         let mut client = TcpStream::connect(addr).await.unwrap();
         client.write_all(sent).await.unwrap();
+        let started = std::time::Instant::now();
         let mut buf = [0; 64];
         let read = tokio::time::timeout(Duration::from_secs(10), async {
             // Whatever the server answers (a 408 to a part of a head), then EOF.
@@ -325,6 +369,11 @@ mod tests {
             read.is_ok(),
             "a client that sent {sent:?} kept its connection"
         );
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(150),
+            "a client that sent {sent:?} was cut off after {waited:?}, before the timeout"
+        );
     }
 
     #[tokio::test]
@@ -332,6 +381,39 @@ mod tests {
         cut_off_after(b"").await;
         cut_off_after(b"PRI * HTTP/2").await;
         cut_off_after(b"POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\n").await;
+        // HTTP/2's preface and no request: `auto` and hyper's HTTP/2
+        // server time nothing themselves.
+        cut_off_after(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    }
+
+    #[tokio::test]
+    async fn http1_and_h2c_requests_are_answered() {
+        let (addr, _stop, _served) = server(Duration::from_millis(200)).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut head = [0; 12];
+        client.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200");
+
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        // Past the read timeout: a connection that has asked stays open.
+        for _ in 0..2 {
+            let request = Request::get("http://x/")
+                .body(crate::body::empty())
+                .unwrap();
+            let answer = sender.send_request(request).await.unwrap();
+            assert_eq!(answer.status(), 200);
+            assert_eq!(answer.version(), http::Version::HTTP_2);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     }
 
     #[tokio::test]

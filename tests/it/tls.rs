@@ -148,3 +148,81 @@ async fn https_upstreams_are_trusted_through_ca_file() {
         g.shutdown().await;
     }
 }
+
+/// Over TLS with `alpn` offered (nothing when empty): sends `request`,
+/// reads until the gate closes. What came back, and how long the gate
+/// kept the connection after the handshake.
+async fn tls_exchange(port: u16, pem: &str, alpn: &[&[u8]], request: &[u8]) -> (Vec<u8>, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
+        .unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let started = std::time::Instant::now();
+    tls.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), tls.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the gate kept the connection open");
+    (answer, started.elapsed())
+}
+
+#[tokio::test]
+async fn a_tls_client_without_alpn_is_served_http1() {
+    let fixture = GateFixture::stripe();
+    let dir = fixture.dir().to_owned();
+    let pem = write_cert(&dir);
+    let gate = fixture.server_extra(&tls_section(&dir)).start().await;
+    let body = stripe_event("evt_tls_no_alpn");
+    let mut request = format!(
+        "POST /webhooks/stripe HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Content-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in gate.sign(&body) {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(&body);
+    let (answer, _) = tls_exchange(gate.addr.port(), &pem, &[], &bytes).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("hookgate-result: forwarded"),
+        "{answer}"
+    );
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tls_client_that_negotiates_h2_and_asks_nothing_is_cut_off() {
+    let fixture = GateFixture::stripe();
+    let dir = fixture.dir().to_owned();
+    let pem = write_cert(&dir);
+    let extra = format!("{}read_timeout = \"1s\"", tls_section(&dir));
+    let gate = fixture.server_extra(&extra).start().await;
+    for sent in [&b""[..], b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"] {
+        let (_, kept) = tls_exchange(gate.addr.port(), &pem, &[b"h2"], sent).await;
+        assert!(
+            kept >= Duration::from_millis(800),
+            "cut off after {kept:?}, before the read timeout"
+        );
+    }
+    gate.shutdown().await;
+}
