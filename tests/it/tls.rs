@@ -12,7 +12,7 @@ use hyper_util::rt::TokioExecutor;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
-use crate::support::fixture::{GateFixture, StoreConfig};
+use crate::support::fixture::{Gate, GateFixture, StoreConfig};
 use crate::support::gate::stripe_event;
 
 /// Writes a self-signed certificate for `localhost`; returns its PEM.
@@ -30,6 +30,16 @@ fn tls_section(dir: &Path) -> String {
         dir.join("tls.crt").display(),
         dir.join("tls.key").display()
     )
+}
+
+/// A Stripe gate serving TLS with a fresh self-signed certificate, `extra`
+/// in its `[server]`; the certificate's PEM.
+async fn tls_gate(extra: &str) -> (Gate, String) {
+    let fixture = GateFixture::stripe();
+    let dir = fixture.dir().to_owned();
+    let pem = write_cert(&dir);
+    let server = format!("{}{extra}", tls_section(&dir));
+    (fixture.server_extra(&server).start().await, pem)
 }
 
 /// A client that trusts exactly `pem` and reports the certificate it saw.
@@ -182,10 +192,7 @@ async fn tls_exchange(port: u16, pem: &str, alpn: &[&[u8]], request: &[u8]) -> (
 
 #[tokio::test]
 async fn a_tls_client_without_alpn_is_served_http1() {
-    let fixture = GateFixture::stripe();
-    let dir = fixture.dir().to_owned();
-    let pem = write_cert(&dir);
-    let gate = fixture.server_extra(&tls_section(&dir)).start().await;
+    let (gate, pem) = tls_gate("").await;
     let body = stripe_event("evt_tls_no_alpn");
     let mut request = format!(
         "POST /webhooks/stripe HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
@@ -212,11 +219,7 @@ async fn a_tls_client_without_alpn_is_served_http1() {
 
 #[tokio::test]
 async fn a_tls_client_that_negotiates_h2_and_asks_nothing_is_cut_off() {
-    let fixture = GateFixture::stripe();
-    let dir = fixture.dir().to_owned();
-    let pem = write_cert(&dir);
-    let extra = format!("{}read_timeout = \"1s\"", tls_section(&dir));
-    let gate = fixture.server_extra(&extra).start().await;
+    let (gate, pem) = tls_gate("read_timeout = \"1s\"").await;
     for sent in [&b""[..], b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"] {
         let (_, kept) = tls_exchange(gate.addr.port(), &pem, &[b"h2"], sent).await;
         assert!(
