@@ -15,7 +15,7 @@ use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
@@ -323,4 +323,13 @@ dispatching! {
     get(key: &ScopedKey) -> Option<KeyRecord>;
     forget(key: &ScopedKey) -> bool;
     ping() -> ();
+}
+
+/// The wall clock in unix milliseconds, as the stores write lease ends and
+/// expiries (a clock before 1970 reads as 0).
+fn now_ms() -> i64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }

@@ -12,13 +12,15 @@
 //! [`completed_head`], the fingerprint it reads from the in-flight value,
 //! and [`completed_tail`]: the fingerprint is written once, by the claim.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use super::super::{Existing, LeaseToken, Result, Snapshot, StoreError};
+use super::super::{Existing, LeaseToken, Result, Snapshot, StoreError, now_ms};
 
 /// The in-flight value a claim writes.
 pub fn in_flight(token: &LeaseToken, fingerprint: &str, lease: Duration) -> String {
-    let end = now_ms().saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+    let end = now_ms()
+        .unsigned_abs()
+        .saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
     format!("{}{end}:{fingerprint}", owner(token))
 }
 
@@ -54,7 +56,7 @@ pub fn decode(value: &[u8]) -> Result<(String, Existing)> {
             let end: u64 = text(end, "lease end")?
                 .parse()
                 .map_err(|_| corrupt("lease end"))?;
-            let left = Duration::from_millis(end.saturating_sub(now_ms()));
+            let left = Duration::from_millis(end.saturating_sub(now_ms().unsigned_abs()));
             // Retry-After has a one-second resolution: never say zero.
             let retry_after = left.max(Duration::from_secs(1));
             Ok((
@@ -105,13 +107,6 @@ fn text<'a>(field: Option<&'a [u8]>, name: &str) -> Result<&'a str> {
 
 fn corrupt(name: &str) -> StoreError {
     StoreError::Corrupt(format!("redis: invalid {name} in a key's value"))
-}
-
-fn now_ms() -> u64 {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -15,14 +15,16 @@ mod readers;
 mod store_thread;
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
 use self::checkpoint::CheckpointThread;
 use self::readers::Readers;
 use self::store_thread::{Chore, StoreThread};
-use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
+use super::{
+    Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError, now_ms,
+};
 use crate::store::Result;
 
 /// `expires_at` is the lease end while in flight and the retention end once
@@ -449,13 +451,6 @@ fn corrupt(detail: &str) -> StoreError {
 
 fn task_failed(err: tokio::task::JoinError) -> StoreError {
     StoreError::Unavailable(format!("sqlite task failed: {err}"))
-}
-
-fn now_ms() -> i64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// `now + ttl` in unix milliseconds, saturating.
