@@ -131,6 +131,12 @@ struct SuiteArgs {
     /// value and store); the gate's default is 16.
     #[arg(long, default_values_t = [suite::DEFAULT_QUEUE_CONCURRENCY])]
     drain_concurrency: Vec<usize>,
+    /// Run every row this many times. With --candidate, each gate row and
+    /// its candidate twin swap order every other round, and a table gives
+    /// the candidate's CPU per request over the tree's in each round and
+    /// their median: the A/B this shared, noisy machine can resolve.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    rounds: u16,
     /// Keep the run's directory (configs, logs, databases) and print it.
     #[arg(long)]
     keep: bool,
@@ -200,6 +206,7 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
         instructions: a.instructions,
         drain_events: drain_events.max(1),
         drain_concurrency: a.drain_concurrency,
+        rounds: usize::from(a.rounds),
     };
     if !options.hookgate.is_file() {
         eprintln!(
@@ -293,6 +300,10 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
     if !drained.is_empty() {
         text.push('\n');
         text.push_str(&report::drain(&drained));
+    }
+    if options.rounds > 1 && options.candidate.is_some() {
+        text.push('\n');
+        text.push_str(&report::rounds(&results));
     }
     if options.instructions {
         text.push('\n');

@@ -54,12 +54,11 @@ pub fn load_average() -> String {
 }
 
 fn name(m: &Measured) -> String {
-    let base = target_name(m.row.target);
-    if m.row.candidate {
-        format!("{base} (candidate)")
-    } else {
-        base.to_owned()
-    }
+    format!(
+        "{}{}",
+        target_name(m.row.target),
+        suite::round_suffix(&m.row)
+    )
 }
 
 fn target_name(t: Target) -> &'static str {
@@ -215,7 +214,8 @@ fn closed_row(
 
 /// A row's proxy CPU per request over nginx's at the same connections.
 fn vs_nginx_cpu(results: &[Measured], m: &Measured) -> Option<f64> {
-    Some(cpu_of(&m.cpu_per_request, Role::Proxy)? / nginx_cpu(results, m.row.connections)?)
+    let nginx = nginx_cpu(results, m.row.connections, m.row.round)?;
+    Some(cpu_of(&m.cpu_per_request, Role::Proxy)? / nginx)
 }
 
 /// One line of the targets table: what was measured (the value the goal
@@ -237,7 +237,7 @@ pub fn targets(results: &[Measured], o: &Options) -> String {
         let m = closed_row(results, target, mix, c)?;
         let ratio = vs_nginx_cpu(results, m)?;
         let us = cpu_of(&m.cpu_per_request, Role::Proxy)? * 1e6;
-        let nginx = nginx_cpu(results, c)? * 1e6;
+        let nginx = nginx_cpu(results, c, 0)? * 1e6;
         Some((ratio, format!("{ratio:.2}x ({us:.0} / {nginx:.0} µs)")))
     };
     let mut lines = vec![Line {
@@ -391,17 +391,99 @@ fn cpu_of(cpu: &[(Role, f64)], role: Role) -> Option<f64> {
     cpu.iter().find(|(r, _)| *r == role).map(|(_, s)| *s)
 }
 
-/// nginx's own CPU per request at `connections` (its workers', closed loop).
-fn nginx_cpu(results: &[Measured], connections: usize) -> Option<f64> {
-    results
-        .iter()
-        .find(|m| {
-            m.row.target == Target::Nginx
-                && m.row.connections == connections
-                && matches!(m.row.pacing, Pacing::Closed)
-        })
-        .and_then(|m| cpu_of(&m.cpu_per_request, Role::Proxy))
-        .filter(|s| *s > 0.0)
+/// nginx's own CPU per request at `connections` (its workers', closed
+/// loop), in `round` if nginx ran in it, else in the first.
+fn nginx_cpu(results: &[Measured], connections: usize, round: usize) -> Option<f64> {
+    let nginx = |round: usize| {
+        results
+            .iter()
+            .find(|m| {
+                m.row.target == Target::Nginx
+                    && m.row.connections == connections
+                    && m.row.round == round
+                    && matches!(m.row.pacing, Pacing::Closed)
+            })
+            .and_then(|m| cpu_of(&m.cpu_per_request, Role::Proxy))
+            .filter(|s| *s > 0.0)
+    };
+    nginx(round).or_else(|| nginx(0))
+}
+
+/// With `--rounds` and a candidate: per closed-loop gate row, the
+/// candidate's CPU per request (the gate's own, then redis-server's) over
+/// the tree's binary's in each round, and the median of those ratios. A
+/// round's two runs are minutes apart at most, so drift of the machine
+/// moves both; the median keeps one stalled run from deciding.
+pub fn rounds(results: &[Measured]) -> String {
+    let mut out = String::from(
+        "| row | rounds | gate µs, tree (median) | gate µs, candidate (median) | candidate / tree, each round | median | redis µs, candidate / tree (median) |\n\
+         |---|--:|--:|--:|---|--:|--:|\n",
+    );
+    let mut pairs: Vec<String> = Vec::new();
+    for m in results.iter().filter(|m| m.row.candidate) {
+        let pair = suite::pair_label(&m.row);
+        if matches!(m.row.pacing, Pacing::Closed) && !pairs.contains(&pair) {
+            pairs.push(pair);
+        }
+    }
+    for pair in pairs {
+        let of = |candidate: bool, round: usize, role: Role| {
+            results
+                .iter()
+                .find(|m| {
+                    m.row.candidate == candidate
+                        && m.row.round == round
+                        && suite::pair_label(&m.row) == pair
+                })
+                .and_then(|m| cpu_of(&m.cpu_per_request, role))
+                .filter(|s| *s > 0.0)
+        };
+        let rounds = results.iter().map(|m| m.row.round + 1).max().unwrap_or(0);
+        let (mut tree, mut cand, mut ratios, mut redis) = (vec![], vec![], vec![], vec![]);
+        for round in 0..rounds {
+            if let (Some(t), Some(c)) =
+                (of(false, round, Role::Proxy), of(true, round, Role::Proxy))
+            {
+                tree.push(t * 1e6);
+                cand.push(c * 1e6);
+                ratios.push(c / t);
+            }
+            if let (Some(t), Some(c)) =
+                (of(false, round, Role::Redis), of(true, round, Role::Redis))
+            {
+                redis.push(c / t);
+            }
+        }
+        if ratios.is_empty() {
+            continue;
+        }
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        let _ = writeln!(
+            out,
+            "| {pair} | {} | {:.0} | {:.0} | {} | **{:.3}** | {} |",
+            ratios.len(),
+            median(&mut tree),
+            median(&mut cand),
+            each.join(", "),
+            median(&mut ratios),
+            if redis.is_empty() {
+                String::new()
+            } else {
+                format!("{:.3}", median(&mut redis))
+            },
+        );
+    }
+    out
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 /// The queue rows next to nginx: throughput, and the gate's CPU per
@@ -420,7 +502,7 @@ pub fn queue(results: &[Measured]) -> String {
         let rate = m.outcome.per_second();
         let ratio =
             |x: f64, of: Option<f64>| of.map_or_else(String::new, |n| format!("{:.1}x", x / n));
-        let nginx = nginx_cpu(results, m.row.connections);
+        let nginx = nginx_cpu(results, m.row.connections, m.row.round);
         let gate = cpu_of(&m.cpu_per_request, Role::Proxy).unwrap_or(0.0);
         let (delivered, with_delivery, with_ratio) = match (q.accepted, q.gate_cpu_with_delivery) {
             (0, _) => ("".to_owned(), "".to_owned(), "".to_owned()),

@@ -58,6 +58,10 @@ pub struct Options {
     pub drain_events: usize,
     /// `queue.concurrency` of the drain rows: one row per value and store.
     pub drain_concurrency: Vec<usize>,
+    /// Every row this many times; with a candidate, each gate row and its
+    /// twin swap order every other round, so that drift of the machine
+    /// falls on both alike.
+    pub rounds: usize,
 }
 
 /// What sits between the load generator and the upstream.
@@ -83,6 +87,8 @@ pub struct Row {
     pub queue: bool,
     /// Runs `--candidate` rather than `--hookgate`.
     pub candidate: bool,
+    /// Which of `--rounds` this run of the row is, from 0.
+    pub round: usize,
 }
 
 /// A drain row: the relay delivering a backlog of accepted events.
@@ -168,6 +174,7 @@ pub fn rows(o: &Options) -> Vec<Row> {
         pacing: Pacing::Closed,
         queue: false,
         candidate: false,
+        round: 0,
     };
     let queued = |name: &str, target, mix, connections| Row {
         queue: true,
@@ -181,6 +188,7 @@ pub fn rows(o: &Options) -> Vec<Row> {
         pacing: Pacing::Open(o.rate),
         queue: false,
         candidate: false,
+        round: 0,
     };
     let (c, big) = (o.connections, o.rss_connections);
     let (redis, sqlite) = (Target::Gate(Store::Redis), Target::Gate(Store::Sqlite));
@@ -226,12 +234,30 @@ pub fn rows(o: &Options) -> Vec<Row> {
             })
             .collect();
     }
-    if o.only.is_empty() {
-        return all;
+    all.retain(|r| o.only.is_empty() || o.only.iter().any(|w| label(r).contains(w.as_str())));
+    rounds(&all, o.rounds)
+}
+
+/// `rows` `n` times over; in every odd round each gate row comes after its
+/// candidate twin instead of before it.
+fn rounds(rows: &[Row], n: usize) -> Vec<Row> {
+    let mut all = Vec::with_capacity(rows.len() * n);
+    for round in 0..n.max(1) {
+        let start = all.len();
+        all.extend(rows.iter().map(|row| Row {
+            round,
+            ..row.clone()
+        }));
+        if round % 2 == 1 {
+            let this = &mut all[start..];
+            for i in 1..this.len() {
+                if this[i].candidate && !this[i - 1].candidate {
+                    this.swap(i - 1, i);
+                }
+            }
+        }
     }
-    all.into_iter()
-        .filter(|r| o.only.iter().any(|w| label(r).contains(w.as_str())))
-        .collect()
+    all
 }
 
 /// The drain rows of a full run: each store at each concurrency.
@@ -266,12 +292,27 @@ pub fn drain_label(d: &Drain) -> String {
     format!("{} queue drain q{}{which}", d.store.name(), d.concurrency)
 }
 
-/// A row's unique label: its name, connections and pacing.
+/// A row's unique label: its name, connections and pacing, then its
+/// round after the first.
 pub fn label(row: &Row) -> String {
-    let which = if row.candidate { " (candidate)" } else { "" };
+    format!("{}{}", pair_label(row), round_suffix(row))
+}
+
+/// What a row and its candidate twin share in every round, e.g. "redis
+/// fresh c64".
+pub fn pair_label(row: &Row) -> String {
     match row.pacing {
-        Pacing::Closed => format!("{} c{}{which}", row.name, row.connections),
-        Pacing::Open(rate) => format!("{} @{rate}/s{which}", row.name),
+        Pacing::Closed => format!("{} c{}", row.name, row.connections),
+        Pacing::Open(rate) => format!("{} @{rate}/s", row.name),
+    }
+}
+
+/// " (candidate)" and " #2" (the second round), as they apply.
+pub fn round_suffix(row: &Row) -> String {
+    let which = if row.candidate { " (candidate)" } else { "" };
+    match row.round {
+        0 => which.to_owned(),
+        r => format!("{which} #{}", r + 1),
     }
 }
 
