@@ -230,6 +230,40 @@ fn purge_batch(c: &mut Connection) -> Result<usize> {
     Ok(events + jobs)
 }
 
+/// The mark: the row completed with `snapshot`, if `token` still holds
+/// its lease. One statement is its own transaction: the token check and
+/// the write cannot be split by another claim.
+fn complete_in(
+    c: &Connection,
+    key: &ScopedKey,
+    token: &LeaseToken,
+    snapshot: &Snapshot,
+    retention: Duration,
+) -> Result<bool> {
+    let now = now_ms();
+    let changed = c
+        .prepare_cached(
+            "UPDATE processed_events
+             SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
+                 response_status = ?4, response_content_type = ?5, response_body = ?6,
+                 expires_at = ?7, response_truncated = ?9
+             WHERE provider = ?1 AND provider_event_id = ?2 AND lease_token = ?3
+               AND state = 'in_flight' AND expires_at > ?8",
+        )?
+        .execute(params![
+            key.provider,
+            key.key,
+            token.0,
+            snapshot.status,
+            snapshot.content_type,
+            &snapshot.body[..],
+            after(now, retention),
+            now,
+            snapshot.truncated,
+        ])?;
+    Ok(changed == 1)
+}
+
 /// The claim's read and write, inside a transaction that holds the write
 /// lock.
 fn claim_in(c: &Connection, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
@@ -333,34 +367,14 @@ impl Backend for SqliteStore {
         snapshot: &Snapshot,
         retention: Duration,
     ) -> Result<bool> {
-        let (key, token, snapshot) = (key.clone(), token.clone(), snapshot.clone());
-        self.run(move |c| {
-            let now = now_ms();
-            // One statement is its own transaction: the token check and the
-            // write cannot be split by another claim.
-            let changed = c
-                .prepare_cached(
-                    "UPDATE processed_events
-                     SET state = 'completed', lease_token = NULL, lease_expires_at = NULL,
-                         response_status = ?4, response_content_type = ?5, response_body = ?6,
-                         expires_at = ?7, response_truncated = ?9
-                     WHERE provider = ?1 AND provider_event_id = ?2 AND lease_token = ?3
-                       AND state = 'in_flight' AND expires_at > ?8",
-                )?
-                .execute(params![
-                    key.provider,
-                    key.key,
-                    token.0,
-                    snapshot.status,
-                    snapshot.content_type,
-                    &snapshot.body[..],
-                    after(now, retention),
-                    now,
-                    snapshot.truncated,
-                ])?;
-            Ok(changed == 1)
-        })
-        .await
+        let (scoped, token, snapshot) = (key.clone(), token.clone(), snapshot.clone());
+        let marked = self
+            .run(move |c| complete_in(c, &scoped, &token, &snapshot, retention))
+            .await?;
+        if marked {
+            self.readers.marked(key);
+        }
+        Ok(marked)
     }
 
     async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool> {
