@@ -342,22 +342,35 @@ impl Backend for SqliteStore {
         if let Some(duplicate) = self.readers.completed(key, fingerprint) {
             return Ok(duplicate);
         }
-        let (key, fingerprint) = (key.clone(), fingerprint.to_owned());
-        self.run(move |c| {
-            if !c.is_autocommit() {
-                // Inside the store thread's batch: its BEGIN IMMEDIATE
-                // already holds the write lock.
-                return claim_in(c, &key, &fingerprint, lease);
-            }
-            // IMMEDIATE takes the write lock before the read, so two
-            // processes on one file queue on busy_timeout instead of both
-            // seeing the key free (or deadlocking when upgrading a read lock).
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let claim = claim_in(&tx, &key, &fingerprint, lease)?;
-            tx.commit()?;
-            Ok(claim)
-        })
-        .await
+        let (scoped, fingerprint) = (key.clone(), fingerprint.to_owned());
+        let claim = self
+            .run(move |c| {
+                if !c.is_autocommit() {
+                    // Inside the store thread's batch: its BEGIN IMMEDIATE
+                    // already holds the write lock.
+                    return claim_in(c, &scoped, &fingerprint, lease);
+                }
+                // IMMEDIATE takes the write lock before the read, so two
+                // processes on one file queue on busy_timeout instead of both
+                // seeing the key free (or deadlocking when upgrading a read lock).
+                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let claim = claim_in(&tx, &scoped, &fingerprint, lease)?;
+                tx.commit()?;
+                Ok(claim)
+            })
+            .await?;
+        // A completed key the table did not hold (completed before a
+        // restart, by another process, or pushed out): its next duplicate,
+        // in a retry storm after an outage, takes a reader.
+        if let Claim::Existing(Existing::Completed(_))
+        | Claim::Mismatch {
+            existing: Existing::Completed(_),
+            ..
+        } = &claim
+        {
+            self.readers.marked(key);
+        }
+        Ok(claim)
     }
 
     async fn complete(

@@ -33,7 +33,7 @@ use crate::store::Result;
 /// pages of recent keys.
 const CACHE_KIB: i64 = -128;
 
-/// Keys [`Recent`] holds at most: 256 KiB of hashes, touched as they fill.
+/// Keys [`Recent`] holds at most: 256 KiB of hashes per store.
 const RECENT_SLOTS: usize = 1 << 15;
 
 pub(super) struct Readers {
@@ -82,7 +82,8 @@ impl Readers {
         }
     }
 
-    /// Notes that the store's thread marked `key` completed.
+    /// Notes that the store's thread marked `key` completed, or found it
+    /// completed.
     pub(super) fn marked(&self, key: &ScopedKey) {
         self.recent.insert(key);
     }
@@ -104,6 +105,7 @@ struct Recent {
 impl Recent {
     /// `slots` is a power of two, at least 2.
     fn new(slots: usize) -> Self {
+        debug_assert!(slots.is_power_of_two() && slots >= 2, "{slots} slots");
         Self {
             slots: (0..slots).map(|_| AtomicU64::new(0)).collect(),
             hasher: RandomState::new(),
@@ -187,7 +189,8 @@ mod tests {
 
     /// A key this store did not mark is not read on a reader: a second
     /// store on the same file (another process, or this one after a
-    /// restart) answers its duplicate through the store's thread.
+    /// restart) answers its first duplicate through the store's thread, and
+    /// the next one on a reader.
     #[tokio::test]
     async fn only_a_key_this_store_marked_is_read_on_a_reader() {
         let dir = tempfile::tempdir().unwrap();
@@ -212,6 +215,8 @@ mod tests {
         assert_eq!(other.readers.completed(&key, "fp"), None);
         let through_thread = other.claim(&key, "fp", Duration::from_secs(30)).await;
         assert_eq!(through_thread.unwrap(), answered);
+        // Found completed by its thread, the key takes a reader next time.
+        assert_eq!(other.readers.completed(&key, "fp"), Some(answered));
         let fresh = ScopedKey::new("stripe", "evt_2");
         assert_eq!(marker.readers.completed(&fresh, "fp"), None);
     }
