@@ -3,15 +3,12 @@
 //!
 //! rusqlite is synchronous: every operation runs on the store's own thread,
 //! which owns the serving connection (`store_thread`), and WAL checkpoints
-//! run on a second thread with a connection of their own (`checkpoint`);
-//! only a duplicate of a completed event is answered on the caller's
-//! thread, by a read-only connection (`readers`).
+//! run on a second thread with a connection of their own (`checkpoint`).
 //! Both stop when the store is dropped. Timestamps are unix milliseconds.
 
 mod checkpoint;
 mod outbox;
 mod owned_thread;
-mod readers;
 mod store_thread;
 
 use std::path::Path;
@@ -20,7 +17,6 @@ use std::time::Duration;
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
 use self::checkpoint::CheckpointThread;
-use self::readers::Readers;
 use self::store_thread::{Chore, StoreThread};
 use super::{
     Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError, now_ms,
@@ -89,7 +85,6 @@ pub(super) fn poll_while_busy(timeout: Duration) -> impl FnMut(i32) -> bool + Se
 /// Dedupe state in a SQLite file (table `processed_events`).
 pub struct SqliteStore {
     thread: StoreThread,
-    readers: Readers,
     _checkpoints: CheckpointThread,
 }
 
@@ -118,10 +113,10 @@ impl SqliteStore {
     /// mistyped path until the data is found missing.
     pub async fn open(path: &Path) -> Result<Self> {
         let owned = path.to_owned();
-        let (serving, checkpointing, readers) = tokio::task::spawn_blocking(move || {
+        let (serving, checkpointing) = tokio::task::spawn_blocking(move || {
             // The serving connection first: it creates the file and schema.
             let serving = open_connection(&owned)?;
-            Ok::<_, StoreError>((serving, Connection::open(&owned)?, Readers::open(&owned)?))
+            Ok::<_, StoreError>((serving, Connection::open(&owned)?))
         })
         .await
         .map_err(task_failed)??;
@@ -132,7 +127,6 @@ impl SqliteStore {
         };
         Ok(Self {
             thread: StoreThread::spawn("hookgate-sqlite", serving, purge)?,
-            readers,
             _checkpoints: CheckpointThread::spawn(
                 "sqlite-wal-ckpt",
                 checkpointing,
@@ -339,38 +333,22 @@ impl Row {
 
 impl Backend for SqliteStore {
     async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
-        if let Some(duplicate) = self.readers.completed(key, fingerprint) {
-            return Ok(duplicate);
-        }
-        let (scoped, fingerprint) = (key.clone(), fingerprint.to_owned());
-        let claim = self
-            .run(move |c| {
-                if !c.is_autocommit() {
-                    // Inside the store thread's batch: its BEGIN IMMEDIATE
-                    // already holds the write lock.
-                    return claim_in(c, &scoped, &fingerprint, lease);
-                }
-                // IMMEDIATE takes the write lock before the read, so two
-                // processes on one file queue on busy_timeout instead of both
-                // seeing the key free (or deadlocking when upgrading a read lock).
-                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let claim = claim_in(&tx, &scoped, &fingerprint, lease)?;
-                tx.commit()?;
-                Ok(claim)
-            })
-            .await?;
-        // A completed key the table did not hold (completed before a
-        // restart, by another process, or pushed out): its next duplicate,
-        // in a retry storm after an outage, takes a reader.
-        if let Claim::Existing(Existing::Completed(_))
-        | Claim::Mismatch {
-            existing: Existing::Completed(_),
-            ..
-        } = &claim
-        {
-            self.readers.marked(key);
-        }
-        Ok(claim)
+        let (key, fingerprint) = (key.clone(), fingerprint.to_owned());
+        self.run(move |c| {
+            if !c.is_autocommit() {
+                // Inside the store thread's batch: its BEGIN IMMEDIATE
+                // already holds the write lock.
+                return claim_in(c, &key, &fingerprint, lease);
+            }
+            // IMMEDIATE takes the write lock before the read, so two
+            // processes on one file queue on busy_timeout instead of both
+            // seeing the key free (or deadlocking when upgrading a read lock).
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let claim = claim_in(&tx, &key, &fingerprint, lease)?;
+            tx.commit()?;
+            Ok(claim)
+        })
+        .await
     }
 
     async fn complete(
@@ -380,14 +358,9 @@ impl Backend for SqliteStore {
         snapshot: &Snapshot,
         retention: Duration,
     ) -> Result<bool> {
-        let (scoped, token, snapshot) = (key.clone(), token.clone(), snapshot.clone());
-        let marked = self
-            .run(move |c| complete_in(c, &scoped, &token, &snapshot, retention))
-            .await?;
-        if marked {
-            self.readers.marked(key);
-        }
-        Ok(marked)
+        let (key, token, snapshot) = (key.clone(), token.clone(), snapshot.clone());
+        self.run(move |c| complete_in(c, &key, &token, &snapshot, retention))
+            .await
     }
 
     async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool> {
