@@ -2,8 +2,10 @@
 //! `ConnectionManager`, or a Redis Cluster through its cluster client,
 //! which follows `MOVED` and `ASK` redirections and a failover by itself.
 //! The store's scripts and commands see one type, [`Conn`], either way.
+//! Single commands to one server go through a [`Batcher`], which writes
+//! those of concurrent deliveries together.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -11,6 +13,8 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::OnceCell;
+
+use super::batch::{Batcher, Shared};
 
 /// Few, quick reconnect attempts: while redis is down each operation should
 /// fail fast (the gate answers 503), and the next one tries again.
@@ -27,7 +31,9 @@ pub(super) enum Link {
 pub(super) struct SingleLink {
     /// Reconnects by itself after I/O failures; cloning it is cheap and
     /// shares the connection. Replaced after a refused AUTH.
-    manager: Mutex<ConnectionManager>,
+    manager: Shared,
+    /// Started on first use, on the runtime that uses the store.
+    batcher: OnceLock<Batcher>,
     client: Client,
     config: ConnectionManagerConfig,
 }
@@ -52,7 +58,8 @@ impl Link {
             .set_max_delay(op_timeout);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
         Ok(Self::Single(Box::new(SingleLink {
-            manager: Mutex::new(manager),
+            manager: Arc::new(Mutex::new(manager)),
+            batcher: OnceLock::new(),
             client,
             config,
         })))
@@ -80,12 +87,17 @@ impl Link {
         match self {
             // The lock only guards the swap in `renew`; a poisoned one still
             // holds a usable manager.
-            Self::Single(link) => Ok(Conn::Single(
-                link.manager
+            Self::Single(link) => Ok(Conn::Single {
+                manager: link
+                    .manager
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone(),
-            )),
+                batcher: link
+                    .batcher
+                    .get_or_init(|| Batcher::spawn(Arc::clone(&link.manager)))
+                    .clone(),
+            }),
             Self::Cluster(link) => {
                 let connection = link
                     .connection
@@ -112,14 +124,18 @@ impl Link {
 /// One operation's connection, to one server or to the cluster.
 #[derive(Clone)]
 pub(super) enum Conn {
-    Single(ConnectionManager),
+    /// Pipelines go to the manager as they are; single commands are batched.
+    Single {
+        manager: ConnectionManager,
+        batcher: Batcher,
+    },
     Cluster(ClusterConnection),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Single { batcher, .. } => Box::pin(batcher.send(cmd)),
             Self::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -131,14 +147,14 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Single { manager, .. } => manager.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Self::Single(c) => c.get_db(),
+            Self::Single { manager, .. } => manager.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
     }

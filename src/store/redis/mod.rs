@@ -13,6 +13,7 @@
 //! so that an accept writes the dedupe entry and the job in one script on
 //! one slot (see `outbox`).
 
+mod batch;
 mod connection;
 mod outbox;
 mod value;

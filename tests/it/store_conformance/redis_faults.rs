@@ -118,6 +118,56 @@ async fn scripts_reload_after_script_flush() {
     assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
 }
 
+/// Concurrent deliveries' commands share batches (`store/redis/batch.rs`):
+/// each caller still gets its own reply, and with the script cache flushed
+/// every `EVALSHA` of a batch fails alone, loads the script and retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_commands_in_batches_each_get_their_own_reply() {
+    const EVENTS: usize = 200;
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(open_redis(&server.url()).await);
+    let body = |i: usize| Snapshot {
+        body: format!("event {i}").into(),
+        ..snapshot()
+    };
+    let claims = (0..EVENTS).map(|i| {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move { store.claim(&key(&format!("evt_{i}")), "fp", LONG).await })
+    });
+    let mut tokens = Vec::new();
+    for claim in claims.collect::<Vec<_>>() {
+        tokens.push(fresh(claim.await.unwrap().unwrap()));
+    }
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw(&server).await)
+        .await
+        .unwrap();
+
+    let completions = tokens.into_iter().enumerate().map(|(i, token)| {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move {
+            let key = key(&format!("evt_{i}"));
+            store.complete(&key, &token, &body(i), LONG).await
+        })
+    });
+    for completion in completions.collect::<Vec<_>>() {
+        assert!(completion.await.unwrap().unwrap());
+    }
+    let duplicates = (0..EVENTS).map(|i| {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move { store.claim(&key(&format!("evt_{i}")), "fp", LONG).await })
+    });
+    for (i, duplicate) in duplicates.collect::<Vec<_>>().into_iter().enumerate() {
+        let claim = duplicate.await.unwrap().unwrap();
+        assert_eq!(
+            claim,
+            Claim::Existing(Existing::Completed(body(i))),
+            "evt_{i}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_urls_are_clear_errors() {
     // rediss:// opens lazily like redis://; nothing listens on this port,
