@@ -13,7 +13,10 @@
 //! Replies go back as they came, server errors included (`query_async`
 //! turns those into errors, and a script's `NOSCRIPT` into a load and a
 //! retry), and a failed batch fails each of its commands with the batch's
-//! error.
+//! error. A command whose caller has given up (the store's timeout) is
+//! not sent: after an outage, the queue does not replay stale claims.
+//! Should the task be gone (its runtime shut down), commands go to the
+//! manager one by one, as without batching.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -37,6 +40,7 @@ struct Request {
 #[derive(Clone)]
 pub(super) struct Batcher {
     requests: mpsc::UnboundedSender<Request>,
+    manager: Shared,
 }
 
 impl Batcher {
@@ -44,8 +48,13 @@ impl Batcher {
     /// last handle is dropped.
     pub(super) fn spawn(manager: Shared) -> Self {
         let (requests, queue) = mpsc::unbounded_channel();
-        tokio::spawn(drive(queue, manager));
-        Self { requests }
+        tokio::spawn(drive(queue, Arc::clone(&manager)));
+        Self { requests, manager }
+    }
+
+    /// The current manager, for what is not batched.
+    pub(super) fn manager(&self) -> ConnectionManager {
+        current(&self.manager)
     }
 
     /// Sends `cmd` with the next batch and waits for its reply.
@@ -55,24 +64,36 @@ impl Batcher {
             cmd: cmd.clone(),
             reply,
         };
-        self.requests.send(request).map_err(|_| stopped())?;
+        if self.requests.send(request).is_err() {
+            return self.manager().req_packed_command(cmd).await;
+        }
         answer.await.map_err(|_| stopped())?
     }
+}
+
+/// The lock only guards the swap in `Link::renew`; a poisoned one still
+/// holds a usable manager.
+fn current(manager: &Shared) -> ConnectionManager {
+    manager
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
 }
 
 async fn drive(mut queue: mpsc::UnboundedReceiver<Request>, manager: Shared) {
     let mut batch = Vec::with_capacity(MOST);
     let mut replies = Vec::with_capacity(MOST);
     while queue.recv_many(&mut batch, MOST).await > 0 {
-        let mut conn = manager
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        batch.retain(|request| !request.reply.is_closed());
+        let mut conn = current(&manager);
         if batch.len() == 1
             && let Some(Request { cmd, reply }) = batch.pop()
         {
             // The caller may have given up (its own timeout): nothing to do.
             let _ = reply.send(conn.req_packed_command(&cmd).await);
+            continue;
+        }
+        if batch.is_empty() {
             continue;
         }
         let mut pipeline = redis::pipe();
@@ -99,7 +120,7 @@ fn answer_all(replies: &mut Vec<oneshot::Sender<RedisResult<Value>>>, err: &Redi
 }
 
 fn stopped() -> RedisError {
-    RedisError::from((ErrorKind::Io, "the redis batching task has stopped"))
+    RedisError::from((ErrorKind::Io, "the redis batching task stopped"))
 }
 
 fn short() -> RedisError {

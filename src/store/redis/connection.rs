@@ -85,19 +85,11 @@ impl Link {
     /// A handle for one operation.
     pub(super) async fn conn(&self) -> Result<Conn, RedisError> {
         match self {
-            // The lock only guards the swap in `renew`; a poisoned one still
-            // holds a usable manager.
-            Self::Single(link) => Ok(Conn::Single {
-                manager: link
-                    .manager
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone(),
-                batcher: link
-                    .batcher
+            Self::Single(link) => Ok(Conn::Single(
+                link.batcher
                     .get_or_init(|| Batcher::spawn(Arc::clone(&link.manager)))
                     .clone(),
-            }),
+            )),
             Self::Cluster(link) => {
                 let connection = link
                     .connection
@@ -124,18 +116,15 @@ impl Link {
 /// One operation's connection, to one server or to the cluster.
 #[derive(Clone)]
 pub(super) enum Conn {
-    /// Pipelines go to the manager as they are; single commands are batched.
-    Single {
-        manager: ConnectionManager,
-        batcher: Batcher,
-    },
+    /// Single commands are batched; pipelines go to the manager as they are.
+    Single(Batcher),
     Cluster(ClusterConnection),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Self::Single { batcher, .. } => Box::pin(batcher.send(cmd)),
+            Self::Single(batcher) => Box::pin(batcher.send(cmd)),
             Self::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -147,14 +136,17 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Self::Single { manager, .. } => manager.req_packed_commands(pipeline, offset, count),
+            Self::Single(batcher) => {
+                let mut manager = batcher.manager();
+                Box::pin(async move { manager.req_packed_commands(pipeline, offset, count).await })
+            }
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Self::Single { manager, .. } => manager.get_db(),
+            Self::Single(batcher) => batcher.manager().get_db(),
             Self::Cluster(c) => c.get_db(),
         }
     }

@@ -168,6 +168,46 @@ async fn concurrent_commands_in_batches_each_get_their_own_reply() {
     }
 }
 
+/// Redis busy for 300 ms (a script that spins): the first claim's batch is
+/// out, a second claim waits behind it, and its caller gives up. When the
+/// batch is answered, the given-up claim is not sent, so it leaves no lease
+/// that nobody will complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_command_whose_caller_gave_up_is_not_sent() {
+    const SPIN: &str = "
+local start = redis.call('TIME')
+while true do
+  local now = redis.call('TIME')
+  if (now[1] - start[1]) * 1000000 + (now[2] - start[2]) > 300000 then return 1 end
+end";
+    let server = RedisServer::start();
+    let store = std::sync::Arc::new(open_redis(&server.url()).await);
+    let mut raw = raw(&server).await;
+    let busy = tokio::spawn(async move {
+        redis::cmd("EVAL")
+            .arg(SPIN)
+            .arg(0)
+            .query_async::<i64>(&mut raw)
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let first = {
+        let store = std::sync::Arc::clone(&store);
+        tokio::spawn(async move { store.claim(&key("evt_first"), "fp", LONG).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        store.claim(&key("evt_gave_up"), "fp", LONG),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the claim was answered while redis spun");
+
+    assert_eq!(busy.await.unwrap().unwrap(), 1);
+    fresh(first.await.unwrap().unwrap());
+    assert_eq!(store.get(&key("evt_gave_up")).await.unwrap(), None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_urls_are_clear_errors() {
     // rediss:// opens lazily like redis://; nothing listens on this port,
