@@ -121,6 +121,10 @@ fn block_on(work: impl Future<Output = ExitCode>) -> ExitCode {
 
 async fn serve(settings: Settings) -> ExitCode {
     hookgate::telemetry::init();
+    // Before the gate announces its address: a SIGTERM that came after the
+    // announcement and before the handler would end the process at once,
+    // with no graceful shutdown.
+    let stopping = shutdown_signal();
     let running = match hookgate::start(settings).await {
         Ok(r) => r,
         Err(e) => {
@@ -128,25 +132,32 @@ async fn serve(settings: Settings) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    shutdown_signal().await;
+    stopping.await;
     tracing::info!("shutting down: finishing in-flight deliveries");
     running.shutdown().await;
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }
 
-/// Resolves on SIGTERM (Kubernetes) or SIGINT (a terminal).
-async fn shutdown_signal() {
+/// Resolves on SIGTERM (Kubernetes) or SIGINT (a terminal). Both handlers
+/// are registered when this is called, not when it is first awaited.
+fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+    let term = signal(SignalKind::terminate());
+    let interrupt = signal(SignalKind::interrupt());
+    async move {
+        match (term, interrupt) {
+            (Ok(mut term), Ok(mut interrupt)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = interrupt.recv() => {}
+                }
             }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            // Registering fails only without a signal driver; Ctrl-C still
+            // works then.
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }
