@@ -85,15 +85,15 @@ async fn drive(mut queue: mpsc::UnboundedReceiver<Request>, manager: Shared) {
     let mut replies = Vec::with_capacity(MOST);
     while queue.recv_many(&mut batch, MOST).await > 0 {
         batch.retain(|request| !request.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
         let mut conn = current(&manager);
         if batch.len() == 1
             && let Some(Request { cmd, reply }) = batch.pop()
         {
             // The caller may have given up (its own timeout): nothing to do.
             let _ = reply.send(conn.req_packed_command(&cmd).await);
-            continue;
-        }
-        if batch.is_empty() {
             continue;
         }
         let mut pipeline = redis::pipe();
