@@ -6,6 +6,7 @@ pub mod admin;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod cores;
 pub mod demo;
 pub mod echo;
 pub mod error;
@@ -34,6 +35,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::cores::Cores;
 use crate::gate::Gate;
 use crate::server::ConnLimits;
 use crate::settings::{Mode, Settings};
@@ -52,6 +54,11 @@ pub enum StartError {
     Tls(#[from] tls::TlsError),
     #[error(transparent)]
     Telemetry(#[from] metrics::OtlpError),
+    #[error("cannot start the threads that serve {addr}: {source}")]
+    Cores {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A running gate: its bound addresses and the means to stop it.
@@ -61,14 +68,17 @@ pub struct Running {
     pub gate: Arc<Gate>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The public listener's threads, one per core.
+    cores: Cores,
 }
 
 impl Running {
     /// Stops accepting, lets in-flight deliveries finish within
     /// `server.shutdown_grace`, and returns when both listeners are closed.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         let deadline = tokio::time::Instant::now() + self.gate.settings.server.shutdown_grace;
         let _ = self.stop.send(true);
+        self.cores.stopped().await;
         for task in self.tasks {
             let _ = task.await;
         }
@@ -107,7 +117,13 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
             .await
             .map_err(|source| StartError::Bind { addr, source })
     };
-    let public = bind(settings.server.listen).await?;
+    let listen = settings.server.listen;
+    // A core for every `max_connections / cores` connections at least.
+    let cores = cores::available().min(settings.server.max_connections.max(1));
+    let publics = cores::bind(listen, cores).map_err(|source| StartError::Bind {
+        addr: listen,
+        source,
+    })?;
     let admin = bind(settings.server.admin_listen).await?;
     let limits = ConnLimits {
         header_read_timeout: settings.server.read_timeout,
@@ -117,17 +133,28 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
     };
     let gate = Gate::build(settings).await?;
     let (stop, stopped) = watch::channel(false);
-    let addr = local_addr(&public);
+    let addr = publics[0].local_addr().map_err(|source| StartError::Bind {
+        addr: listen,
+        source,
+    })?;
     let admin_addr = local_addr(&admin);
 
-    let g = Arc::clone(&gate);
-    let public_task = tokio::spawn(server::serve(
-        public,
+    let (g, tls, shutdown) = (
+        Arc::clone(&gate),
         gate.tls.as_ref().map(|cert| cert.acceptor()),
-        move |req, conn| pipeline::handle(Arc::clone(&g), req, conn),
         stopped.clone(),
-        limits,
-    ));
+    );
+    let serving = Cores::start(publics, move |core, listener| {
+        let g = Arc::clone(&g);
+        server::serve(
+            listener,
+            tls.clone(),
+            move |req, conn| pipeline::handle(Arc::clone(&g), req, conn),
+            shutdown.clone(),
+            limits.share(core, cores),
+        )
+    })
+    .map_err(|source| StartError::Cores { addr, source })?;
     let g = Arc::clone(&gate);
     let admin_task = tokio::spawn(server::serve(
         admin,
@@ -136,7 +163,7 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
         stopped,
         limits,
     ));
-    let mut tasks = vec![public_task, admin_task];
+    let mut tasks = vec![admin_task];
     if gate
         .settings
         .providers
@@ -155,6 +182,7 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
         gate,
         stop,
         tasks,
+        cores: serving,
     })
 }
 

@@ -34,6 +34,21 @@ pub struct ConnLimits {
     pub max_header_bytes: usize,
 }
 
+impl ConnLimits {
+    /// Core `core`'s share (1-based, of `cores`) of the connection limit:
+    /// the cores' shares add up to `max_connections`. A shared count would
+    /// not do: a core waiting to accept holds a slot that a connection
+    /// queued at another core's listener cannot use.
+    pub fn share(self, core: usize, cores: usize) -> Self {
+        let cores = cores.max(1);
+        let extra = usize::from(core <= self.max_connections % cores);
+        Self {
+            max_connections: self.max_connections / cores + extra,
+            ..self
+        }
+    }
+}
+
 /// Who is on the other end of a connection.
 #[derive(Clone, Copy, Debug)]
 pub struct Conn {
@@ -325,6 +340,29 @@ mod tests {
             "a part of the preface: wait"
         );
         assert_eq!(first_bytes(b"PRI * HTTP/1.1\r\n").await, Some(true));
+    }
+
+    #[test]
+    fn the_cores_shares_add_up_to_the_connection_limit() {
+        let limits = |max_connections| ConnLimits {
+            header_read_timeout: Duration::from_secs(1),
+            grace: Duration::from_secs(1),
+            max_connections,
+            max_header_bytes: 1024,
+        };
+        for (max, cores) in [(1024, 2), (5, 2), (7, 3), (2, 2), (1, 1), (9, 4)] {
+            let shares: Vec<usize> = (1..=cores)
+                .map(|core| limits(max).share(core, cores).max_connections)
+                .collect();
+            assert_eq!(
+                shares.iter().sum::<usize>(),
+                max,
+                "{max} over {cores}: {shares:?}"
+            );
+            assert!(shares.iter().all(|&s| s >= 1), "{shares:?}");
+            let (least, most) = (shares.iter().min(), shares.iter().max());
+            assert!(most.unwrap() - least.unwrap() <= 1, "{shares:?}");
+        }
     }
 
     /// A server answering every request empty, on a free port; it stops

@@ -266,3 +266,38 @@ async fn upstream_max_connections_caps_the_calls_the_app_sees_at_once() {
     assert!((1..=2).contains(&peak), "the app saw {peak} calls at once");
     gate.shutdown().await;
 }
+
+#[tokio::test]
+async fn server_max_connections_holds_over_every_core_serving_the_listener() {
+    // The public listener is served by one thread per core, each with its
+    // own listener; the limit is the gate's, not each core's.
+    let gate = GateFixture::stripe()
+        .server_extra("max_connections = 2")
+        .start()
+        .await;
+    let up = gate.upstream();
+    up.set(Behavior::Stall(std::time::Duration::from_millis(150)));
+
+    // Eight senders at once, a connection each (closed after the answer):
+    // two are served at a time, the rest wait in the kernel's backlog.
+    let addr = gate.addr;
+    let sends: Vec<_> = (0..8)
+        .map(|i| {
+            let body = stripe_event(&format!("evt_conns{i}"));
+            let mut headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
+            headers.push(("connection".into(), "close".into()));
+            tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
+        })
+        .collect();
+    for send in sends {
+        let a = send.await.unwrap();
+        assert_eq!((a.status.as_u16(), a.result()), (200, "forwarded"));
+    }
+    assert_eq!(up.count(), 8);
+    let peak = up.peak_in_flight();
+    assert!(
+        (1..=2).contains(&peak),
+        "the app saw {peak} deliveries at once through 2 connections"
+    );
+    gate.shutdown().await;
+}

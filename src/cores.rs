@@ -1,0 +1,176 @@
+//! The public listener served by one current-thread runtime per core.
+//!
+//! Each core's thread has its own runtime and its own `SO_REUSEPORT`
+//! listener on the public address; the kernel spreads new connections over
+//! them. A connection, the delivery task it spawns and the upstream
+//! connection that delivery uses (the upstream pool is per core too,
+//! `crate::upstream`) stay on one thread: no work stealing, and no wake-up
+//! that crosses to another worker between reading a request and answering
+//! it. What the cores share runs on the main runtime: the admin listener,
+//! the relay, the store's clients, housekeeping. (docs/BENCHMARKS.md, "The
+//! overhead work": 0.80 of the CPU per forged request, 0.85 per duplicate
+//! and 0.88 per fresh event on sqlite, against one work-stealing runtime.)
+//!
+//! A connection stays on the core that accepted it, as with nginx's and
+//! Envoy's workers: a sender that keeps one HTTP/2 connection open uses
+//! one core.
+
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+use std::thread;
+
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::oneshot;
+
+thread_local! {
+    /// Which core's thread this is: 1 to N on a core's thread, 0 elsewhere.
+    static CORE: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The core whose thread this is: 1 to N on a core's thread, 0 on the main
+/// runtime and anywhere else.
+pub fn current() -> usize {
+    CORE.with(Cell::get)
+}
+
+/// How many cores this process may use (the cgroup's CPU quota counts).
+pub fn available() -> usize {
+    thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Binds `count` listeners on `addr` with `SO_REUSEPORT`; port 0 picks one
+/// free port for all of them. A port that something already listens on is
+/// refused (`AddrInUse`), as a plain bind would be: `SO_REUSEPORT` alone
+/// would let a second gate of the same user join the first one's group and
+/// take half of its connections.
+pub fn bind(addr: SocketAddr, count: usize) -> io::Result<Vec<std::net::TcpListener>> {
+    if addr.port() != 0 {
+        drop(std::net::TcpListener::bind(addr)?);
+    }
+    let mut addr = addr;
+    let mut listeners = Vec::with_capacity(count);
+    for _ in 0..count {
+        let socket = match addr {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(1024)?;
+        addr = listener.local_addr()?;
+        listeners.push(listener.into_std()?);
+    }
+    Ok(listeners)
+}
+
+/// The cores' threads, serving.
+pub struct Cores {
+    stopped: Vec<oneshot::Receiver<()>>,
+    /// Dropped with the gate: each core's runtime, and the tasks still on
+    /// it (marks being retried, deliveries whose sender hung up), ends then.
+    _keep: Vec<oneshot::Sender<()>>,
+}
+
+impl Cores {
+    /// Starts one thread per listener; core `n` (1-based) runs
+    /// `serve(n, listener)` on a current-thread runtime of its own.
+    pub fn start<F, Fut>(listeners: Vec<std::net::TcpListener>, serve: F) -> io::Result<Self>
+    where
+        F: Fn(usize, TcpListener) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()> + 'static,
+    {
+        let mut cores = Self {
+            stopped: Vec::with_capacity(listeners.len()),
+            _keep: Vec::with_capacity(listeners.len()),
+        };
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let core = index + 1;
+            let (done, stopped) = oneshot::channel();
+            let (keep, kept) = oneshot::channel::<()>();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let serve = serve.clone();
+            thread::Builder::new()
+                .name(format!("hookgate-core-{core}"))
+                .spawn(move || {
+                    CORE.with(|c| c.set(core));
+                    runtime.block_on(async move {
+                        match TcpListener::from_std(listener) {
+                            Ok(listener) => serve(core, listener).await,
+                            Err(e) => {
+                                tracing::error!(error = %e, core, "cannot serve on this core")
+                            }
+                        }
+                        let _ = done.send(());
+                        let _ = kept.await;
+                    });
+                })?;
+            cores.stopped.push(stopped);
+            cores._keep.push(keep);
+        }
+        Ok(cores)
+    }
+
+    /// Resolves when every core has stopped serving (its listener closed,
+    /// its connections drained or past the grace).
+    pub async fn stopped(&mut self) {
+        for stopped in self.stopped.drain(..) {
+            let _ = stopped.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    // A tokio test: `bind` makes its sockets with tokio's `TcpSocket`.
+    #[tokio::test]
+    async fn the_cores_listeners_share_one_port_and_each_accepts() {
+        let listeners = bind("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        let addr = listeners[0].local_addr().unwrap();
+        assert_ne!(addr.port(), 0);
+        for listener in &listeners {
+            assert_eq!(listener.local_addr().unwrap(), addr);
+        }
+        // The kernel spreads connections over the group: each one that
+        // connects is accepted by one of the listeners.
+        for listener in &listeners {
+            listener.set_nonblocking(true).unwrap();
+        }
+        let mut clients: Vec<_> = (0..16)
+            .map(|_| std::net::TcpStream::connect(addr).unwrap())
+            .collect();
+        let mut accepted = 0;
+        for listener in &listeners {
+            while let Ok((mut server, _)) = listener.accept() {
+                server.write_all(b"x").unwrap();
+                accepted += 1;
+            }
+        }
+        assert_eq!(accepted, clients.len());
+        for client in &mut clients {
+            let mut byte = [0; 1];
+            client.read_exact(&mut byte).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_port_already_served_is_refused() {
+        let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = plain.local_addr().unwrap();
+        let err = bind(taken, 2).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+
+        // Another gate's group on the port, which SO_REUSEPORT alone
+        // would let this one join.
+        let group = bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let served = group[0].local_addr().unwrap();
+        let err = bind(served, 2).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AddrInUse, "{err}");
+    }
+}
