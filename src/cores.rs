@@ -6,10 +6,12 @@
 //! connection that delivery uses (the upstream pool is per core too,
 //! `crate::upstream`) stay on one thread: no work stealing, and no wake-up
 //! that crosses to another worker between reading a request and answering
-//! it. What the cores share runs on the main runtime: the admin listener,
-//! the relay, the store's clients, housekeeping. (docs/BENCHMARKS.md, "The
-//! overhead work": 0.80 of the CPU per forged request, 0.85 per duplicate
-//! and 0.88 per fresh event on sqlite, against one work-stealing runtime.)
+//! it. A single redis server gets a connection per core as well
+//! (`crate::store::redis`). What the cores share runs on the main runtime:
+//! the admin listener, the relay, housekeeping, and the clients of sqlite,
+//! PostgreSQL and Redis Cluster. (docs/BENCHMARKS.md, "The overhead work":
+//! 0.73 of the CPU per forged request, 0.87 per duplicate and 0.85 per
+//! fresh event on sqlite, against one work-stealing runtime.)
 //!
 //! A connection stays on the core that accepted it, as with nginx's and
 //! Envoy's workers: a sender that keeps one HTTP/2 connection open uses
@@ -18,7 +20,9 @@
 use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::thread;
+use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::oneshot;
@@ -34,9 +38,13 @@ pub fn current() -> usize {
     CORE.with(Cell::get)
 }
 
-/// How many cores this process may use (the cgroup's CPU quota counts).
+/// How many cores this process may use (the cgroup's CPU quota counts),
+/// read once: the per-core pools and lanes (`crate::upstream`,
+/// `crate::store::redis`) are sized by it, and a core's index is at most
+/// it.
 pub fn available() -> usize {
-    thread::available_parallelism().map_or(1, |n| n.get())
+    static AVAILABLE: OnceLock<usize> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Binds `count` listeners on `addr` with `SO_REUSEPORT`; port 0 picks one
@@ -46,6 +54,8 @@ pub fn available() -> usize {
 /// take half of its connections.
 pub fn bind(addr: SocketAddr, count: usize) -> io::Result<Vec<std::net::TcpListener>> {
     if addr.port() != 0 {
+        // Two gates started at the same instant could both pass this and
+        // share the port; one started beside a running gate cannot.
         drop(std::net::TcpListener::bind(addr)?);
     }
     let mut addr = addr;
@@ -68,9 +78,11 @@ pub fn bind(addr: SocketAddr, count: usize) -> io::Result<Vec<std::net::TcpListe
 /// The cores' threads, serving.
 pub struct Cores {
     stopped: Vec<oneshot::Receiver<()>>,
-    /// Dropped with the gate: each core's runtime, and the tasks still on
-    /// it (marks being retried, deliveries whose sender hung up), ends then.
-    _keep: Vec<oneshot::Sender<()>>,
+    /// Dropped when the gate has stopped (`finish`, or with the gate):
+    /// each core's runtime, and the tasks still on it (marks being
+    /// retried, deliveries whose sender hung up), ends then.
+    keep: Vec<oneshot::Sender<()>>,
+    threads: Vec<thread::JoinHandle<()>>,
 }
 
 impl Cores {
@@ -83,7 +95,8 @@ impl Cores {
     {
         let mut cores = Self {
             stopped: Vec::with_capacity(listeners.len()),
-            _keep: Vec::with_capacity(listeners.len()),
+            keep: Vec::with_capacity(listeners.len()),
+            threads: Vec::with_capacity(listeners.len()),
         };
         for (index, listener) in listeners.into_iter().enumerate() {
             let core = index + 1;
@@ -93,7 +106,7 @@ impl Cores {
                 .enable_all()
                 .build()?;
             let serve = serve.clone();
-            thread::Builder::new()
+            let thread = thread::Builder::new()
                 .name(format!("hookgate-core-{core}"))
                 .spawn(move || {
                     CORE.with(|c| c.set(core));
@@ -107,9 +120,13 @@ impl Cores {
                         let _ = done.send(());
                         let _ = kept.await;
                     });
+                    // A blocking task (hyper's DNS lookup of the app's host
+                    // name) does not hold up the gate's exit for long.
+                    runtime.shutdown_timeout(Duration::from_millis(500));
                 })?;
             cores.stopped.push(stopped);
-            cores._keep.push(keep);
+            cores.keep.push(keep);
+            cores.threads.push(thread);
         }
         Ok(cores)
     }
@@ -120,6 +137,22 @@ impl Cores {
         for stopped in self.stopped.drain(..) {
             let _ = stopped.await;
         }
+    }
+
+    /// Ends the cores' runtimes (what is left on them is dropped) and waits
+    /// for their threads, so that what they held (the gate, its store) is
+    /// let go before the process exits.
+    pub async fn finish(&mut self) {
+        self.keep.clear();
+        let threads = std::mem::take(&mut self.threads);
+        let joined = tokio::task::spawn_blocking(move || {
+            for (index, thread) in threads.into_iter().enumerate() {
+                if thread.join().is_err() {
+                    tracing::error!(core = index + 1, "a core's thread ended in a panic");
+                }
+            }
+        });
+        let _ = joined.await;
     }
 }
 

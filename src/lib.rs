@@ -106,6 +106,7 @@ impl Running {
         if let Some(traces) = &self.gate.traces {
             traces.shutdown().await;
         }
+        self.cores.finish().await;
     }
 }
 
@@ -118,9 +119,9 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
             .map_err(|source| StartError::Bind { addr, source })
     };
     let listen = settings.server.listen;
-    // A core for every `max_connections / cores` connections at least.
-    let cores = cores::available().min(settings.server.max_connections.max(1));
-    let publics = cores::bind(listen, cores).map_err(|source| StartError::Bind {
+    // Each core serves at least one of the `max_connections`.
+    let core_count = cores::available().min(settings.server.max_connections.max(1));
+    let publics = cores::bind(listen, core_count).map_err(|source| StartError::Bind {
         addr: listen,
         source,
     })?;
@@ -151,7 +152,7 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
             tls.clone(),
             move |req, conn| pipeline::handle(Arc::clone(&g), req, conn),
             shutdown.clone(),
-            limits.share(core, cores),
+            limits.share(core, core_count),
         )
     })
     .map_err(|source| StartError::Cores { addr, source })?;

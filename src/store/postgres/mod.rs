@@ -29,6 +29,7 @@ use std::time::Duration;
 use deadpool_postgres::{
     Client, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime,
 };
+use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 use tokio_postgres::config::SslMode;
@@ -67,6 +68,8 @@ struct Inner {
     /// The URL's password (as written and percent-decoded), scrubbed from
     /// every error message.
     secrets: Vec<String>,
+    /// Where new connections are made (`connection`).
+    runtime: Option<Handle>,
 }
 
 impl PostgresStore {
@@ -126,6 +129,7 @@ impl PostgresStore {
             retention,
             health: Mutex::new(PartitionHealth::default()),
             secrets,
+            runtime: Handle::try_current().ok(),
         });
         match tokio::time::timeout(op_timeout, inner.ready()).await {
             Ok(Ok(())) => {}
@@ -188,8 +192,23 @@ impl Inner {
         rows.map_err(|e| self.error(e))
     }
 
+    /// A pooled connection. A connection's task is spawned on the runtime
+    /// that makes it, and every core uses every connection
+    /// (`crate::cores`): an idle one is taken here, but a new one is made
+    /// on the runtime the store was opened on (the gate's main one), not
+    /// on whichever core first needed it.
     async fn connection(&self) -> Result<Client> {
-        self.pool.get().await.map_err(|e| self.pool_error(e))
+        let got = match &self.runtime {
+            Some(runtime) if self.pool.status().available == 0 => {
+                let pool = self.pool.clone();
+                match runtime.spawn(async move { pool.get().await }).await {
+                    Ok(got) => got,
+                    Err(e) => return Err(StoreError::Unavailable(format!("postgres: {e}"))),
+                }
+            }
+            _ => self.pool.get().await,
+        };
+        got.map_err(|e| self.pool_error(e))
     }
 
     /// Migrates the schema and runs a first maintenance pass, once. A failed

@@ -16,7 +16,8 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
+use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 
 use super::batch::{Batcher, Shared};
@@ -54,6 +55,11 @@ struct Lane {
 
 pub(super) struct ClusterLink {
     client: ClusterClient,
+    /// The runtime the store was opened on (the gate's main one): the
+    /// cluster connection's task is spawned where it is made, and one
+    /// connection serves every core (`crate::cores`), so it is made there
+    /// rather than on the first core that needs it.
+    runtime: Option<Handle>,
     /// Connected on first use (so opening needs no live cluster), then
     /// kept: the cluster connection reconnects to nodes and refreshes the
     /// slot map on its own.
@@ -100,6 +106,7 @@ impl Link {
             .build()?;
         Ok(Self::Cluster(Box::new(ClusterLink {
             client,
+            runtime: Handle::try_current().ok(),
             connection: OnceCell::new(),
         })))
     }
@@ -116,10 +123,7 @@ impl Link {
                 ))
             }
             Self::Cluster(link) => {
-                let connection = link
-                    .connection
-                    .get_or_try_init(|| link.client.get_async_connection())
-                    .await?;
+                let connection = link.connection.get_or_try_init(|| link.connect()).await?;
                 Ok(Conn::Cluster(connection.clone()))
             }
         }
@@ -128,15 +132,29 @@ impl Link {
     /// After a refused AUTH: the manager retries only I/O failures, so the
     /// refusal would stick until the gate restarts. A fresh (lazy) manager
     /// tries again on the next operation, so fixing the password heals it.
+    /// Only the calling core's lane, whose command was refused: the other
+    /// lanes' connections may still be logged in.
     pub(super) fn renew(&self) {
-        let Self::Single(link) = self else { return };
-        for lane in &link.lanes {
-            if let Ok(fresh) =
+        if let Self::Single(link) = self
+            && let Some(lane) = link.lanes.get(cores::current())
+            && let Ok(fresh) =
                 ConnectionManager::new_lazy_with_config(link.client.clone(), link.config.clone())
-            {
-                *lane.manager.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
-            }
+        {
+            *lane.manager.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
         }
+    }
+}
+
+impl ClusterLink {
+    async fn connect(&self) -> Result<ClusterConnection, RedisError> {
+        let Some(runtime) = &self.runtime else {
+            return self.client.get_async_connection().await;
+        };
+        let client = self.client.clone();
+        runtime
+            .spawn(async move { client.get_async_connection().await })
+            .await
+            .unwrap_or_else(|e| Err(RedisError::from((ErrorKind::Io, "connect", e.to_string()))))
     }
 }
 
