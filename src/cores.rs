@@ -25,6 +25,7 @@ use std::thread;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpSocket};
+use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 thread_local! {
@@ -45,6 +46,59 @@ pub fn current() -> usize {
 pub fn available() -> usize {
     static AVAILABLE: OnceLock<usize> = OnceLock::new();
     *AVAILABLE.get_or_init(|| thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// One `T` for each core's thread and one (index 0) for every other
+/// runtime: a core reaches only its own, so what it holds (a pool, a
+/// connection and the task that drives it) stays on that core's thread.
+pub struct PerCore<T>(Vec<T>);
+
+impl<T> PerCore<T> {
+    /// `make` once for every core and once for the rest.
+    pub fn new(mut make: impl FnMut() -> T) -> Self {
+        Self((0..=available()).map(|_| make()).collect())
+    }
+
+    /// Like `new`, stopping at the first `make` that fails.
+    pub fn try_new<E>(mut make: impl FnMut() -> Result<T, E>) -> Result<Self, E> {
+        (0..=available())
+            .map(|_| make())
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+
+    /// The calling core's, or the shared one off the cores.
+    pub fn get(&self) -> &T {
+        self.0.get(current()).unwrap_or(&self.0[0])
+    }
+}
+
+/// The runtime the gate was started on, captured where a client that every
+/// core shares is made (a PostgreSQL pool, a Redis Cluster connection).
+/// Such a client's connection tasks are spawned on the runtime that makes
+/// them; made from a core's runtime they would live on that core's thread
+/// and stop serving the others when it stops, so they are made here.
+pub struct MainRuntime(Option<Handle>);
+
+impl MainRuntime {
+    /// The current runtime, if there is one.
+    pub fn capture() -> Self {
+        Self(Handle::try_current().ok())
+    }
+
+    /// Runs `task` on the main runtime and waits for its output; without
+    /// one captured, runs it where it is. `Err` with the reason when the
+    /// runtime stopped or the task panicked before it finished.
+    pub async fn run<F>(&self, task: F) -> Result<F::Output, String>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.0 {
+            Some(runtime) => runtime.spawn(task).await.map_err(|e| e.to_string()),
+            None => Ok(task.await),
+        }
+    }
 }
 
 /// Binds `count` listeners on `addr` with `SO_REUSEPORT`; port 0 picks one
@@ -160,6 +214,53 @@ impl Cores {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+
+    #[test]
+    fn each_core_reaches_its_own_and_the_rest_share_one() {
+        let mut made = 0;
+        let per_core = PerCore::new(|| {
+            made += 1;
+            made - 1
+        });
+        assert_eq!(made, available() + 1);
+        assert_eq!(*per_core.get(), 0, "off the cores");
+        thread::scope(|s| {
+            for core in 1..=available() {
+                let per_core = &per_core;
+                s.spawn(move || {
+                    CORE.with(|c| c.set(core));
+                    assert_eq!(*per_core.get(), core);
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn a_task_run_on_the_main_runtime_runs_on_its_threads() {
+        let main = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("the-main-runtime")
+            .enable_all()
+            .build()
+            .unwrap();
+        let captured = main.block_on(async { MainRuntime::capture() });
+        let core = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let ran_on = core
+            .block_on(captured.run(async { thread::current().name().map(str::to_owned) }))
+            .unwrap();
+        assert_eq!(ran_on.as_deref(), Some("the-main-runtime"));
+
+        // Without a runtime captured, the task runs where it is awaited.
+        let none = MainRuntime::capture();
+        assert_eq!(core.block_on(none.run(async { 7 })), Ok(7));
+
+        // A stopped main runtime is an error, not a hang.
+        drop(main);
+        let err = core.block_on(captured.run(async { 7 })).unwrap_err();
+        assert!(!err.is_empty());
+    }
 
     // A tokio test: `bind` makes its sockets with tokio's `TcpSocket`.
     #[tokio::test]

@@ -15,6 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
 use crate::body::ProxyBody;
+use crate::cores::PerCore;
 use crate::metrics::Metrics;
 use crate::settings::UpstreamSettings;
 use crate::tls::TlsError;
@@ -47,11 +48,10 @@ pub struct Buffered {
 }
 
 pub struct Upstream {
-    /// One pool per core (`crate::cores`), and one for the main runtime
-    /// (index 0): a pooled connection's task runs on the runtime that
+    /// One pool per core, and one for the main runtime: a pooled connection's task runs on the runtime that
     /// opened it, so a core that used another core's connection would wake
     /// that core's thread for every read.
-    clients: Vec<Client<HttpsConnector<HttpConnector>, ProxyBody>>,
+    clients: PerCore<Client<HttpsConnector<HttpConnector>, ProxyBody>>,
     base: Uri,
     timeout: Duration,
     /// Where each delivery's upstream time is recorded.
@@ -76,14 +76,12 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let clients = (0..=crate::cores::available())
-            .map(|_| {
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(30))
-                    .pool_max_idle_per_host(settings.max_connections)
-                    .build(connector.clone())
-            })
-            .collect();
+        let clients = PerCore::new(|| {
+            Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .pool_max_idle_per_host(settings.max_connections)
+                .build(connector.clone())
+        });
         Ok(Self {
             clients,
             base: settings.url.clone(),
@@ -91,11 +89,6 @@ impl Upstream {
             metrics,
             calls: Semaphore::new(settings.max_connections),
         })
-    }
-
-    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, ProxyBody> {
-        let core = crate::cores::current();
-        self.clients.get(core).unwrap_or(&self.clients[0])
     }
 
     /// The target for `path_and_query`: the upstream's scheme, authority and
@@ -139,7 +132,7 @@ impl Upstream {
                 .acquire()
                 .await
                 .map_err(|_| UpstreamError::Other("the gate is shutting down".into()))?;
-            let response = self.client().request(req).await.map_err(classify)?;
+            let response = self.clients.get().request(req).await.map_err(classify)?;
             Ok((slot, response))
         };
         let (_slot, response) = tokio::time::timeout_at(deadline, head)
@@ -155,7 +148,7 @@ impl Upstream {
         &self,
         req: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        tokio::time::timeout(self.timeout, self.client().request(req))
+        tokio::time::timeout(self.timeout, self.clients.get().request(req))
             .await
             .map_err(|_| UpstreamError::Timeout(self.timeout))?
             .map_err(classify)

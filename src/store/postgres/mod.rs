@@ -29,7 +29,6 @@ use std::time::Duration;
 use deadpool_postgres::{
     Client, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime,
 };
-use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 use tokio::task::AbortHandle;
 use tokio_postgres::config::SslMode;
@@ -38,6 +37,7 @@ use tokio_postgres::{NoTls, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
+use crate::cores::MainRuntime;
 use crate::store::Result;
 
 pub use self::maintenance::PartitionHealth;
@@ -69,7 +69,7 @@ struct Inner {
     /// every error message.
     secrets: Vec<String>,
     /// Where new connections are made (`connection`).
-    runtime: Option<Handle>,
+    main: MainRuntime,
 }
 
 impl PostgresStore {
@@ -129,7 +129,7 @@ impl PostgresStore {
             retention,
             health: Mutex::new(PartitionHealth::default()),
             secrets,
-            runtime: Handle::try_current().ok(),
+            main: MainRuntime::capture(),
         });
         match tokio::time::timeout(op_timeout, inner.ready()).await {
             Ok(Ok(())) => {}
@@ -198,15 +198,14 @@ impl Inner {
     /// on the runtime the store was opened on (the gate's main one), not
     /// on whichever core first needed it.
     async fn connection(&self) -> Result<Client> {
-        let got = match &self.runtime {
-            Some(runtime) if self.pool.status().available == 0 => {
-                let pool = self.pool.clone();
-                match runtime.spawn(async move { pool.get().await }).await {
-                    Ok(got) => got,
-                    Err(e) => return Err(StoreError::Unavailable(format!("postgres: {e}"))),
-                }
-            }
-            _ => self.pool.get().await,
+        let got = if self.pool.status().available == 0 {
+            let pool = self.pool.clone();
+            self.main
+                .run(async move { pool.get().await })
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("postgres: {e}")))?
+        } else {
+            self.pool.get().await
         };
         got.map_err(|e| self.pool_error(e))
     }

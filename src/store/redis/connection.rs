@@ -17,11 +17,10 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
-use tokio::runtime::Handle;
 use tokio::sync::OnceCell;
 
 use super::batch::{Batcher, Shared};
-use crate::cores;
+use crate::cores::{MainRuntime, PerCore};
 
 /// Few, quick reconnect attempts: while redis is down each operation should
 /// fail fast (the gate answers 503), and the next one tries again.
@@ -40,7 +39,7 @@ pub(super) struct SingleLink {
     /// and one (index 0) for every other runtime: a core's commands, their
     /// batch and the connection's own task stay on that core's thread.
     /// Each connects on its first use.
-    lanes: Vec<Lane>,
+    lanes: PerCore<Lane>,
     client: Client,
     config: ConnectionManagerConfig,
 }
@@ -59,7 +58,7 @@ pub(super) struct ClusterLink {
     /// cluster connection's task is spawned where it is made, and one
     /// connection serves every core (`crate::cores`), so it is made there
     /// rather than on the first core that needs it.
-    runtime: Option<Handle>,
+    main: MainRuntime,
     /// Connected on first use (so opening needs no live cluster), then
     /// kept: the cluster connection reconnects to nodes and refreshes the
     /// slot map on its own.
@@ -76,16 +75,13 @@ impl Link {
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(op_timeout);
-        let lanes = (0..=cores::available())
-            .map(|_| {
-                let manager =
-                    ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
-                Ok(Lane {
-                    manager: Arc::new(Mutex::new(manager)),
-                    batcher: OnceLock::new(),
-                })
+        let lanes = PerCore::try_new(|| {
+            let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
+            Ok::<_, RedisError>(Lane {
+                manager: Arc::new(Mutex::new(manager)),
+                batcher: OnceLock::new(),
             })
-            .collect::<Result<_, RedisError>>()?;
+        })?;
         Ok(Self::Single(Box::new(SingleLink {
             lanes,
             client,
@@ -106,7 +102,7 @@ impl Link {
             .build()?;
         Ok(Self::Cluster(Box::new(ClusterLink {
             client,
-            runtime: Handle::try_current().ok(),
+            main: MainRuntime::capture(),
             connection: OnceCell::new(),
         })))
     }
@@ -115,7 +111,7 @@ impl Link {
     pub(super) async fn conn(&self) -> Result<Conn, RedisError> {
         match self {
             Self::Single(link) => {
-                let lane = link.lanes.get(cores::current()).unwrap_or(&link.lanes[0]);
+                let lane = link.lanes.get();
                 Ok(Conn::Single(
                     lane.batcher
                         .get_or_init(|| Batcher::spawn(Arc::clone(&lane.manager)))
@@ -136,10 +132,10 @@ impl Link {
     /// lanes' connections may still be logged in.
     pub(super) fn renew(&self) {
         if let Self::Single(link) = self
-            && let Some(lane) = link.lanes.get(cores::current())
             && let Ok(fresh) =
                 ConnectionManager::new_lazy_with_config(link.client.clone(), link.config.clone())
         {
+            let lane = link.lanes.get();
             *lane.manager.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
         }
     }
@@ -147,14 +143,11 @@ impl Link {
 
 impl ClusterLink {
     async fn connect(&self) -> Result<ClusterConnection, RedisError> {
-        let Some(runtime) = &self.runtime else {
-            return self.client.get_async_connection().await;
-        };
         let client = self.client.clone();
-        runtime
-            .spawn(async move { client.get_async_connection().await })
+        self.main
+            .run(async move { client.get_async_connection().await })
             .await
-            .unwrap_or_else(|e| Err(RedisError::from((ErrorKind::Io, "connect", e.to_string()))))
+            .unwrap_or_else(|e| Err(RedisError::from((ErrorKind::Io, "connect", e))))
     }
 }
 
