@@ -4,7 +4,7 @@ use hookgate::provider::Scheme;
 use http::Method;
 
 use crate::support::fixture::GateFixture;
-use crate::support::gate::{SECRET, post, signed, stripe_event};
+use crate::support::gate::{SECRET, stripe_event};
 use crate::support::upstream::Behavior;
 
 #[tokio::test]
@@ -249,16 +249,8 @@ async fn upstream_max_connections_caps_the_calls_the_app_sees_at_once() {
 
     // Six deliveries at once against a 2-slot cap and a 200 ms app: they
     // queue for a slot (600 ms in all, inside the 2 s upstream timeout).
-    let addr = gate.addr;
-    let sends: Vec<_> = (0..6)
-        .map(|i| {
-            let body = stripe_event(&format!("evt_cap{i}"));
-            let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
-            tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
-        })
-        .collect();
-    for send in sends {
-        let a = send.await.unwrap();
+    let bodies = (0..6).map(|i| stripe_event(&format!("evt_cap{i}")));
+    for a in gate.deliver_all_at_once(bodies.collect(), &[]).await {
         assert_eq!((a.status.as_u16(), a.result()), (200, "forwarded"));
     }
     assert_eq!(up.count(), 6);
@@ -280,17 +272,9 @@ async fn server_max_connections_holds_over_every_core_serving_the_listener() {
 
     // Eight senders at once, a connection each (closed after the answer):
     // two are served at a time, the rest wait in the kernel's backlog.
-    let addr = gate.addr;
-    let sends: Vec<_> = (0..8)
-        .map(|i| {
-            let body = stripe_event(&format!("evt_conns{i}"));
-            let mut headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
-            headers.push(("connection".into(), "close".into()));
-            tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
-        })
-        .collect();
-    for send in sends {
-        let a = send.await.unwrap();
+    let bodies = (0..8).map(|i| stripe_event(&format!("evt_conns{i}")));
+    let close = [("connection", "close")];
+    for a in gate.deliver_all_at_once(bodies.collect(), &close).await {
         assert_eq!((a.status.as_u16(), a.result()), (200, "forwarded"));
     }
     assert_eq!(up.count(), 8);

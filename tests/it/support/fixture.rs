@@ -397,6 +397,30 @@ impl Gate {
         self.post(path, &self.sign(body), body).await
     }
 
+    /// Delivers every one of `bodies` to the first provider at once, signed,
+    /// with `extra` headers after the signed ones; the answers come back in
+    /// the order of `bodies`.
+    pub async fn deliver_all_at_once(
+        &self,
+        bodies: Vec<Vec<u8>>,
+        extra: &[(&str, &str)],
+    ) -> Vec<Answer> {
+        let sends: Vec<_> = bodies
+            .into_iter()
+            .map(|body| {
+                let mut headers = self.sign(&body);
+                headers.extend(extra.iter().map(|&(n, v)| (n.to_owned(), v.to_owned())));
+                let (addr, path) = (self.addr, self.path());
+                tokio::spawn(async move { gate::post(addr, &path, &headers, &body).await })
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(sends.len());
+        for send in sends {
+            answers.push(send.await.expect("the delivery's task ends"));
+        }
+        answers
+    }
+
     pub async fn post(&self, path: &str, headers: &[(String, String)], body: &[u8]) -> Answer {
         gate::post(self.addr, path, headers, body).await
     }
