@@ -272,3 +272,38 @@ async fn sigterm_during_a_slow_call_lets_it_finish_and_be_marked() {
     assert_eq!(up.count(), 1);
     gate.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_sender_that_hangs_up_in_the_middle_of_the_body_is_counted_and_reaches_nothing() {
+    let gate = GateFixture::stripe().start().await;
+    let series = r#"hookgate_deliveries_total{provider="stripe",outcome="bad_payload"}"#;
+    let body = stripe_event("evt_hangup");
+    let mut head = format!(
+        "POST /webhooks/stripe HTTP/1.1\r\nhost: gate\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in gate.sign(&body) {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let addr = gate.addr;
+    tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(&body[..body.len() / 2]).unwrap();
+        // Long enough for the gate to be reading the body when it ends.
+        std::thread::sleep(Duration::from_millis(100));
+    })
+    .await
+    .unwrap();
+
+    let started = Instant::now();
+    let mut counted = None;
+    while counted.is_none() && started.elapsed() < Duration::from_secs(5) {
+        counted = sample(&gate.metrics().await, series);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(counted, Some(1.0), "the delivery is counted once");
+    assert_eq!(gate.upstream().count(), 0);
+    gate.shutdown().await;
+}
