@@ -7,7 +7,8 @@
 //! `crate::upstream`) stay on one thread: no work stealing, and no wake-up
 //! that crosses to another worker between reading a request and answering
 //! it. A single redis server gets a connection per core as well
-//! (`crate::store::redis`). What the cores share runs on the main runtime:
+//! (`crate::store::redis`), and the core's log lines gather in a buffer
+//! written out before the core waits (`crate::telemetry`). What the cores share runs on the main runtime:
 //! the admin listener, the relay, housekeeping, and the clients of sqlite,
 //! PostgreSQL and Redis Cluster. (docs/BENCHMARKS.md, "The overhead work":
 //! 0.73 of the CPU per forged request, 0.87 per duplicate and 0.85 per
@@ -37,6 +38,12 @@ thread_local! {
 /// runtime and anywhere else.
 pub fn current() -> usize {
     CORE.with(Cell::get)
+}
+
+/// Makes the calling thread core `core`'s, for tests of what is per core.
+#[cfg(test)]
+pub fn become_core(core: usize) {
+    CORE.with(|c| c.set(core));
 }
 
 /// How many cores this process may use (the cgroup's CPU quota counts),
@@ -158,6 +165,9 @@ impl Cores {
             let (keep, kept) = oneshot::channel::<()>();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                // The core's log lines, gathered while it worked, are
+                // written out before it waits (`crate::telemetry`).
+                .on_thread_park(crate::telemetry::flush_core_log)
                 .build()?;
             let serve = serve.clone();
             let thread = thread::Builder::new()
@@ -177,6 +187,7 @@ impl Cores {
                     // A blocking task (hyper's DNS lookup of the app's host
                     // name) does not hold up the gate's exit for long.
                     runtime.shutdown_timeout(Duration::from_millis(500));
+                    crate::telemetry::flush_core_log();
                 })?;
             cores.stopped.push(stopped);
             cores.keep.push(keep);

@@ -8,8 +8,10 @@ use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
 
+mod core_log;
 mod json_line;
 pub mod trace;
+pub use core_log::flush as flush_core_log;
 use json_line::JsonLine;
 
 use self::trace::{DeliverySpan, Stage, StageSpan};
@@ -17,13 +19,14 @@ use self::trace::{DeliverySpan, Stage, StageSpan};
 use crate::error::{GateError, Side};
 use crate::metrics::Metrics;
 
-/// Installs the JSON log subscriber on stdout; `RUST_LOG` sets the filter.
+/// Installs the JSON log subscriber on stdout (through a buffer per core,
+/// `core_log`); `RUST_LOG` sets the filter.
 pub fn init() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
         .event_format(JsonLine)
         .with_env_filter(filter)
-        .with_writer(std::io::stdout)
+        .with_writer(core_log::CoreLog)
         .try_init();
 }
 
