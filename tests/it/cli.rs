@@ -185,6 +185,19 @@ impl Child {
         line
     }
 
+    /// The next line for which `wanted` holds (the lines before it are
+    /// kept for `stop` and `kill`); panics after 20 s without output.
+    pub fn line_where(&mut self, wanted: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+        loop {
+            let line = self.next_line();
+            if let Ok(v) = serde_json::from_str(&line)
+                && wanted(&v)
+            {
+                return v;
+            }
+        }
+    }
+
     /// SIGTERM, then everything it printed until it exited.
     pub fn stop(mut self) -> (Option<i32>, Vec<String>) {
         Command::new("kill")
@@ -273,6 +286,26 @@ async fn the_delivery_log_has_one_json_line_per_delivery_and_no_secret() {
     assert_eq!(deliveries[1]["dedupe"], "duplicate");
     assert_eq!(deliveries[2]["verification"], "invalid");
     assert_eq!(deliveries[2]["outcome"], "invalid_signature");
+}
+
+/// Each core writes its lines together, but before it waits for more work:
+/// a delivery's line is on stdout while the gate runs, not held until 64
+/// KiB of them or the exit.
+#[tokio::test]
+async fn a_running_gate_writes_each_delivery_line_soon_after_the_answer() {
+    let up = Upstream::start().await;
+    let config = GateFixture::stripe().upstream(&up);
+    let (mut child, addr) = Child::spawn(&config.config_file());
+    for id in ["evt_soon_1", "evt_soon_2"] {
+        let body = stripe_event(id);
+        let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
+        let answer = post(addr, "/webhooks/stripe", &headers, &body).await;
+        assert_eq!(answer.result(), "forwarded");
+        let line = child.line_where(|v| v["message"] == "delivery");
+        assert_eq!(line["key"], id);
+    }
+    let (code, _) = child.stop();
+    assert_eq!(code, Some(0));
 }
 
 #[tokio::test]
