@@ -53,6 +53,7 @@ use self::plan::Plan;
 use crate::body::ProxyBody;
 use crate::error::GateError;
 use crate::gate::{Gate, Provider};
+use crate::metrics::Metrics;
 use crate::route::Route;
 use crate::server::Conn;
 use crate::settings::{Mode, ProviderSettings};
@@ -117,7 +118,12 @@ async fn deliver(
         .traces
         .as_ref()
         .map(|traces| traces.delivery(&provider.settings.name, &head.headers));
-    let run = stages(&gate, provider, conn, head, incoming, &mut record);
+    let mut unfinished = Unfinished {
+        record: Some(record),
+        metrics: &gate.metrics,
+    };
+    let record = unfinished.record();
+    let run = stages(&gate, provider, conn, head, incoming, record);
     let response = match AssertUnwindSafe(run).catch_unwind().await {
         Ok(Ok(response)) => response,
         Ok(Err(error)) => {
@@ -130,8 +136,45 @@ async fn deliver(
             error.to_response()
         }
     };
-    record.emit(&gate.metrics);
+    unfinished.emit();
     response
+}
+
+/// A delivery's record until its line is written. The delivery's task is
+/// dropped, stages and all, when its core stops under it: the shutdown's
+/// grace ran out with the app still working or the body still coming.
+/// Such a delivery still gets its line and is counted, as
+/// `internal_error`; its claims are released as the stages drop.
+struct Unfinished<'a> {
+    record: Option<DeliveryRecord>,
+    metrics: &'a Metrics,
+}
+
+impl Unfinished<'_> {
+    fn record(&mut self) -> &mut DeliveryRecord {
+        let Some(record) = &mut self.record else {
+            unreachable!("the record is taken only by `emit`, which consumes the guard");
+        };
+        record
+    }
+
+    /// Writes the finished delivery's line.
+    fn emit(mut self) {
+        if let Some(record) = self.record.take() {
+            record.emit(self.metrics);
+        }
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(mut record) = self.record.take() {
+            record.fail(&GateError::Internal(
+                "the gate stopped before the delivery finished (shutdown grace elapsed)".into(),
+            ));
+            record.emit(self.metrics);
+        }
+    }
 }
 
 /// The stages in order; the record learns each one's result.

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use hookgate::provider::Scheme;
 
-use crate::support::fixture::GateFixture;
+use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::{SECRET, post, signed, stripe_event};
-use crate::support::upstream::Upstream;
+use crate::support::upstream::{Behavior, Upstream};
 
 pub fn hookgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hookgate"))
@@ -306,6 +306,75 @@ async fn a_running_gate_writes_each_delivery_line_soon_after_the_answer() {
     }
     let (code, _) = child.stop();
     assert_eq!(code, Some(0));
+}
+
+/// Deliveries the shutdown's grace cuts off, one with its body still
+/// coming and one with the app still working, each get their log line.
+#[tokio::test]
+async fn deliveries_cut_off_by_the_shutdown_grace_are_logged() {
+    use std::io::Write;
+
+    let up = Upstream::start().await;
+    let config = GateFixture::stripe()
+        .upstream_timeout("20s")
+        .store(StoreConfig::sqlite().lease("30s"))
+        .upstream(&up);
+    let (child, addr) = Child::spawn(&config.config_file());
+
+    let body = stripe_event("evt_half_sent");
+    let mut head = format!(
+        "POST /webhooks/stripe HTTP/1.1\r\nhost: gate\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in signed(&Scheme::Stripe, SECRET, &body, "", None) {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut half_sent = std::net::TcpStream::connect(addr).unwrap();
+    half_sent.write_all(head.as_bytes()).unwrap();
+    half_sent.write_all(&body[..body.len() / 2]).unwrap();
+
+    // The app holds the second past the grace (2 s) and the test's end.
+    up.set(Behavior::Stall(Duration::from_secs(30)));
+    let slow = stripe_event("evt_slow_app");
+    let headers = signed(&Scheme::Stripe, SECRET, &slow, "", None);
+    let pending = tokio::spawn(async move {
+        // The gate goes away without answering: the client's error is
+        // expected and not what is tested.
+        let _ = tokio::time::timeout(
+            Duration::from_secs(10),
+            post(addr, "/webhooks/stripe", &headers, &slow),
+        )
+        .await;
+    });
+    while up.count() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let (code, lines) = tokio::task::spawn_blocking(move || child.stop())
+        .await
+        .unwrap();
+    drop(half_sent);
+    pending.abort();
+    assert_eq!(code, Some(0));
+    let all = lines.join("\n");
+    let deliveries: Vec<serde_json::Value> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "delivery")
+        .collect();
+    assert_eq!(deliveries.len(), 2, "{all}");
+    for line in &deliveries {
+        assert_eq!(line["provider"], "stripe");
+        assert_eq!(line["outcome"], "internal_error", "{all}");
+        assert_eq!(line["side"], "internal");
+    }
+    let slow = deliveries.iter().find(|l| l["key"] == "evt_slow_app");
+    assert!(slow.is_some_and(|l| l["verification"] == "ok"), "{all}");
+    assert!(
+        deliveries.iter().any(|l| l["verification"] == "skipped"),
+        "the half-sent one was never verified: {all}"
+    );
 }
 
 #[tokio::test]
