@@ -8,9 +8,9 @@
 //! that crosses to another worker between reading a request and answering
 //! it. A single redis server gets a connection per core as well
 //! (`crate::store::redis`), and the core's log lines gather in a buffer
-//! written out before the core waits (`crate::telemetry`). What the cores share runs on the main runtime:
-//! the admin listener, the relay, housekeeping, and the clients of sqlite,
-//! PostgreSQL and Redis Cluster. (docs/BENCHMARKS.md, "The overhead work":
+//! written out before the core waits (`crate::telemetry`). What the cores
+//! share runs on the main runtime: the admin listener, the relay,
+//! housekeeping, and the clients of sqlite, PostgreSQL and Redis Cluster. (docs/BENCHMARKS.md, "The overhead work":
 //! 0.73 of the CPU per forged request, 0.87 per duplicate and 0.85 per
 //! fresh event on sqlite, against one work-stealing runtime.)
 //!
@@ -239,7 +239,7 @@ mod tests {
             for core in 1..=available() {
                 let per_core = &per_core;
                 s.spawn(move || {
-                    CORE.with(|c| c.set(core));
+                    become_core(core);
                     assert_eq!(*per_core.get(), core);
                 });
             }

@@ -102,11 +102,13 @@ impl Running {
                 "grace elapsed: released the claims of unfinished deliveries"
             );
         }
+        // Before the exporters stop: a delivery the grace cut off is logged,
+        // counted and its span ended as its core's runtime drops it.
+        self.cores.finish().await;
         self.gate.metrics.shutdown().await;
         if let Some(traces) = &self.gate.traces {
             traces.shutdown().await;
         }
-        self.cores.finish().await;
     }
 }
 

@@ -48,9 +48,10 @@ pub struct Buffered {
 }
 
 pub struct Upstream {
-    /// One pool per core, and one for the main runtime: a pooled connection's task runs on the runtime that
-    /// opened it, so a core that used another core's connection would wake
-    /// that core's thread for every read.
+    /// One pool per core, and one for the main runtime: a pooled
+    /// connection's task runs on the runtime that opened it, so a core that
+    /// used another core's connection would wake that core's thread for
+    /// every read.
     clients: PerCore<Client<HttpsConnector<HttpConnector>, ProxyBody>>,
     base: Uri,
     timeout: Duration,

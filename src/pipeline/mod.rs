@@ -143,8 +143,10 @@ async fn deliver(
 /// A delivery's record until its line is written. The delivery's task is
 /// dropped, stages and all, when its core stops under it: the shutdown's
 /// grace ran out with the app still working or the body still coming.
-/// Such a delivery still gets its line and is counted, as
-/// `internal_error`; its claims are released as the stages drop.
+/// Such a delivery still gets its line, is counted and its span ended, as
+/// `internal_error`. Its claims were released when the grace ran out
+/// (`Gate::release_inflight`); one the store granted after that expires
+/// with its lease.
 struct Unfinished<'a> {
     record: Option<DeliveryRecord>,
     metrics: &'a Metrics,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hookgate::provider::Scheme;
 
 use crate::support::fixture::{GateFixture, StoreConfig};
-use crate::support::gate::{SECRET, post, signed, stripe_event};
+use crate::support::gate::{SECRET, half_sent, post, signed, stripe_event};
 use crate::support::upstream::{Behavior, Upstream};
 
 pub fn hookgate() -> Command {
@@ -312,8 +312,6 @@ async fn a_running_gate_writes_each_delivery_line_soon_after_the_answer() {
 /// coming and one with the app still working, each get their log line.
 #[tokio::test]
 async fn deliveries_cut_off_by_the_shutdown_grace_are_logged() {
-    use std::io::Write;
-
     let up = Upstream::start().await;
     let config = GateFixture::stripe()
         .upstream_timeout("20s")
@@ -322,17 +320,12 @@ async fn deliveries_cut_off_by_the_shutdown_grace_are_logged() {
     let (child, addr) = Child::spawn(&config.config_file());
 
     let body = stripe_event("evt_half_sent");
-    let mut head = format!(
-        "POST /webhooks/stripe HTTP/1.1\r\nhost: gate\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in signed(&Scheme::Stripe, SECRET, &body, "", None) {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut half_sent = std::net::TcpStream::connect(addr).unwrap();
-    half_sent.write_all(head.as_bytes()).unwrap();
-    half_sent.write_all(&body[..body.len() / 2]).unwrap();
+    let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
+    // Answered 100 Continue: the gate is reading this one's body.
+    let reading =
+        tokio::task::spawn_blocking(move || half_sent(addr, "/webhooks/stripe", &headers, &body))
+            .await
+            .unwrap();
 
     // The app holds the second past the grace (2 s) and the test's end.
     up.set(Behavior::Stall(Duration::from_secs(30)));
@@ -347,14 +340,19 @@ async fn deliveries_cut_off_by_the_shutdown_grace_are_logged() {
         )
         .await;
     });
+    let waited = std::time::Instant::now();
     while up.count() == 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the app never saw the slow one"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
     let (code, lines) = tokio::task::spawn_blocking(move || child.stop())
         .await
         .unwrap();
-    drop(half_sent);
+    drop(reading);
     pending.abort();
     assert_eq!(code, Some(0));
     let all = lines.join("\n");

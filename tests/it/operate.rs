@@ -9,7 +9,7 @@ use hookgate::provider::Scheme;
 
 use crate::cli::run_ok;
 use crate::support::fixture::GateFixture;
-use crate::support::gate::{SECRET, post, signed, stripe_event};
+use crate::support::gate::{SECRET, half_sent, post, signed, stripe_event};
 use crate::support::upstream::{Behavior, Upstream};
 
 fn hookgate() -> Command {
@@ -278,24 +278,11 @@ async fn a_sender_that_hangs_up_in_the_middle_of_the_body_is_counted_and_reaches
     let gate = GateFixture::stripe().start().await;
     let series = r#"hookgate_deliveries_total{provider="stripe",outcome="bad_payload"}"#;
     let body = stripe_event("evt_hangup");
-    let mut head = format!(
-        "POST /webhooks/stripe HTTP/1.1\r\nhost: gate\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in gate.sign(&body) {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    let addr = gate.addr;
-    tokio::task::spawn_blocking(move || {
-        let mut stream = std::net::TcpStream::connect(addr).unwrap();
-        stream.write_all(head.as_bytes()).unwrap();
-        stream.write_all(&body[..body.len() / 2]).unwrap();
-        // Long enough for the gate to be reading the body when it ends.
-        std::thread::sleep(Duration::from_millis(100));
-    })
-    .await
-    .unwrap();
+    let (addr, headers) = (gate.addr, gate.sign(&body));
+    // The gate is reading the body when the sender hangs up.
+    tokio::task::spawn_blocking(move || drop(half_sent(addr, "/webhooks/stripe", &headers, &body)))
+        .await
+        .unwrap();
 
     let started = Instant::now();
     let mut counted = None;
@@ -303,7 +290,10 @@ async fn a_sender_that_hangs_up_in_the_middle_of_the_body_is_counted_and_reaches
         counted = sample(&gate.metrics().await, series);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(counted, Some(1.0), "the delivery is counted once");
+    assert_eq!(counted, Some(1.0), "the delivery is counted");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = gate.metrics().await;
+    assert_eq!(sample(&text, series), Some(1.0), "and only once: {text}");
     assert_eq!(gate.upstream().count(), 0);
     gate.shutdown().await;
 }

@@ -79,6 +79,49 @@ pub async fn post(
     .await
 }
 
+/// A delivery of `body` to `path` that stops halfway: its head, asking for
+/// `100 Continue` (so that the gate is known to be reading the body once
+/// it comes), then half the body. The caller hangs up by dropping the
+/// connection, or holds it open. Blocking: call it off the runtime.
+pub fn half_sent(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nhost: gate\r\ncontent-length: {}\r\nexpect: 100-continue\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut byte = [0; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        let n = stream
+            .read(&mut byte)
+            .expect("the gate answers 100 Continue once it reads the body");
+        assert_eq!(n, 1, "closed: {:?}", String::from_utf8_lossy(&got));
+        got.push(byte[0]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    stream.write_all(&body[..body.len() / 2]).unwrap();
+    stream
+}
+
 /// Headers a real sender of `scheme` would attach, signed now (or at `at`).
 pub fn signed(
     scheme: &Scheme,
