@@ -213,6 +213,15 @@ impl Child {
     }
 }
 
+/// The delivery lines among what a gate printed, parsed.
+fn delivery_lines(lines: &[String]) -> Vec<serde_json::Value> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "delivery")
+        .collect()
+}
+
 /// A test that panics midway must not leave its gate processes running.
 impl Drop for Child {
     fn drop(&mut self) {
@@ -265,11 +274,7 @@ async fn the_delivery_log_has_one_json_line_per_delivery_and_no_secret() {
     assert_eq!(code, Some(0), "SIGTERM is a clean exit");
     let all = lines.join("\n");
     assert!(!all.contains(SECRET), "a secret reached the logs:\n{all}");
-    let deliveries: Vec<serde_json::Value> = lines
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "delivery")
-        .collect();
+    let deliveries = delivery_lines(&lines);
     assert_eq!(deliveries.len(), 4, "{all}");
     let first = &deliveries[0];
     assert_eq!(first["provider"], "stripe");
@@ -356,11 +361,7 @@ async fn deliveries_cut_off_by_the_shutdown_grace_are_logged() {
     pending.abort();
     assert_eq!(code, Some(0));
     let all = lines.join("\n");
-    let deliveries: Vec<serde_json::Value> = lines
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["message"] == "delivery")
-        .collect();
+    let deliveries = delivery_lines(&lines);
     assert_eq!(deliveries.len(), 2, "{all}");
     for line in &deliveries {
         assert_eq!(line["provider"], "stripe");
