@@ -79,6 +79,19 @@ pub enum GateError {
     Internal(String),
 }
 
+/// A code and its body, `{"error":"<code>","message":"<sentence>"}`, as
+/// `serde_json` would write them (keys in order, no spaces). Neither may
+/// hold a quote or a backslash: a unit test checks every body against
+/// `serde_json`'s own writing of it.
+macro_rules! told {
+    ($code:literal, $message:literal) => {
+        (
+            $code,
+            concat!("{\"error\":\"", $code, "\",\"message\":\"", $message, "\"}"),
+        )
+    };
+}
+
 impl GateError {
     /// The stable code of SPEC section 2, also the metric's `outcome` label.
     pub fn code(&self) -> &'static str {
@@ -114,27 +127,29 @@ impl GateError {
         }
     }
 
-    /// What the sender is told: the code, and one human sentence; fixed
-    /// text, so nothing leaks. A table, one row a variant.
+    /// What the sender is told: the code, and the JSON body with it and one
+    /// human sentence; fixed text, so nothing leaks. A table, one row a
+    /// variant. The bodies are written out at compile time (`told!`): a
+    /// rejected delivery's answer costs no serialization.
     #[rustfmt::skip]
     fn told(&self) -> (&'static str, &'static str) {
         match self {
-            Self::InvalidSignature { .. } => ("invalid_signature",    "The webhook signature is missing or does not verify."),
-            Self::StaleTimestamp { .. } =>   ("stale_timestamp",      "The signed timestamp is outside the accepted window."),
-            Self::MissingKey =>              ("missing_key",          "The delivery carries no idempotency key."),
-            Self::BadPayload(_) =>           ("bad_payload",          "The payload could not be parsed to find its idempotency key."),
-            Self::BadPath =>                 ("bad_path",             "The path is an ambiguous spelling of a webhook path."),
-            Self::UnknownRoute =>            ("unknown_route",        "No webhook provider is configured for this path."),
-            Self::MethodNotAllowed =>        ("method_not_allowed",   "Webhook deliveries must use POST."),
-            Self::InFlight { .. } =>         ("in_flight",            "This event is being processed; retry later."),
-            Self::PayloadTooLarge { .. } =>  ("payload_too_large",    "The body is larger than the gate accepts."),
-            Self::RequestTimeout =>          ("request_timeout",      "The body did not arrive in time."),
-            Self::PayloadMismatch { .. } =>  ("payload_mismatch",     "This event id was already seen with a different payload."),
-            Self::RateLimited { .. } =>      ("rate_limited",         "Too many deliveries; retry later."),
-            Self::UpstreamUnreachable(_) =>  ("upstream_unreachable", "The application could not be reached."),
-            Self::StoreUnavailable(_) =>     ("store_unavailable",    "The dedupe store is unavailable; retry later."),
-            Self::UpstreamTimeout(_) =>      ("upstream_timeout",     "The application did not answer in time."),
-            Self::Internal(_) =>             ("internal_error",       "The gate failed on this delivery; retry later."),
+            Self::InvalidSignature { .. } => told!("invalid_signature",    "The webhook signature is missing or does not verify."),
+            Self::StaleTimestamp { .. } =>   told!("stale_timestamp",      "The signed timestamp is outside the accepted window."),
+            Self::MissingKey =>              told!("missing_key",          "The delivery carries no idempotency key."),
+            Self::BadPayload(_) =>           told!("bad_payload",          "The payload could not be parsed to find its idempotency key."),
+            Self::BadPath =>                 told!("bad_path",             "The path is an ambiguous spelling of a webhook path."),
+            Self::UnknownRoute =>            told!("unknown_route",        "No webhook provider is configured for this path."),
+            Self::MethodNotAllowed =>        told!("method_not_allowed",   "Webhook deliveries must use POST."),
+            Self::InFlight { .. } =>         told!("in_flight",            "This event is being processed; retry later."),
+            Self::PayloadTooLarge { .. } =>  told!("payload_too_large",    "The body is larger than the gate accepts."),
+            Self::RequestTimeout =>          told!("request_timeout",      "The body did not arrive in time."),
+            Self::PayloadMismatch { .. } =>  told!("payload_mismatch",     "This event id was already seen with a different payload."),
+            Self::RateLimited { .. } =>      told!("rate_limited",         "Too many deliveries; retry later."),
+            Self::UpstreamUnreachable(_) =>  told!("upstream_unreachable", "The application could not be reached."),
+            Self::StoreUnavailable(_) =>     told!("store_unavailable",    "The dedupe store is unavailable; retry later."),
+            Self::UpstreamTimeout(_) =>      told!("upstream_timeout",     "The application did not answer in time."),
+            Self::Internal(_) =>             told!("internal_error",       "The gate failed on this delivery; retry later."),
         }
     }
 
@@ -150,9 +165,8 @@ impl GateError {
 
     /// The response the sender gets.
     pub fn to_response(&self) -> Response<ProxyBody> {
-        let (code, message) = self.told();
-        let body = serde_json::json!({ "error": code, "message": message });
-        let mut response = Response::new(full(Bytes::from(body.to_string())));
+        let (code, body) = self.told();
+        let mut response = Response::new(full(Bytes::from_static(body.as_bytes())));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
         headers.insert(
@@ -190,6 +204,56 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["error"], "in_flight");
         assert!(v["message"].as_str().unwrap().ends_with('.'));
+    }
+
+    /// Every variant once, for the tests that walk the whole table.
+    fn one_of_each() -> Vec<GateError> {
+        vec![
+            GateError::InvalidSignature {
+                status: StatusCode::UNAUTHORIZED,
+                source: VerifyError::NoMatch,
+            },
+            GateError::StaleTimestamp { skew_secs: 301 },
+            GateError::MissingKey,
+            GateError::BadPayload("x".into()),
+            GateError::BadPath,
+            GateError::UnknownRoute,
+            GateError::MethodNotAllowed,
+            GateError::InFlight {
+                retry_after: Duration::from_secs(1),
+            },
+            GateError::PayloadTooLarge { limit: 1 },
+            GateError::RequestTimeout,
+            GateError::PayloadMismatch {
+                key: "k".into(),
+                stored: "a".into(),
+                incoming: "b".into(),
+            },
+            GateError::RateLimited {
+                retry_after: Duration::from_secs(1),
+            },
+            GateError::UpstreamUnreachable("x".into()),
+            GateError::StoreUnavailable(StoreError::Timeout(Duration::ZERO)),
+            GateError::UpstreamTimeout(Duration::ZERO),
+            GateError::Internal("x".into()),
+        ]
+    }
+
+    #[tokio::test]
+    async fn every_body_is_what_serde_json_writes_for_its_code_and_sentence() {
+        let errors = one_of_each();
+        let codes: std::collections::HashSet<_> = errors.iter().map(GateError::code).collect();
+        assert_eq!(codes.len(), errors.len(), "a code is used twice");
+        for error in errors {
+            let body = error.to_response().into_body().collect().await.unwrap();
+            let body = body.to_bytes();
+            let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(parsed["error"], error.code());
+            let sentence = parsed["message"].as_str().unwrap();
+            assert!(sentence.ends_with('.'), "{sentence}");
+            let written = serde_json::json!({ "error": error.code(), "message": sentence });
+            assert_eq!(body, written.to_string().as_bytes(), "{}", error.code());
+        }
     }
 
     #[test]
