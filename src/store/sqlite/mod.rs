@@ -187,6 +187,10 @@ fn open_connection(path: &Path) -> Result<Connection> {
         // inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.pragma_update(None, "cache_size", CACHE_KIB)?;
+        // Every statement the store thread runs is cached (the store's and
+        // the outbox's, and the batch's BEGIN, SAVEPOINT, RELEASE and
+        // COMMIT): room for all of them, so none is parsed twice.
+        conn.set_prepared_statement_cache_capacity(32);
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(outbox::SCHEMA)?;
         for (column, add) in ADDED_COLUMNS {

@@ -155,7 +155,7 @@ fn serve(mut conn: Connection, jobs: &Queue<Job>, chore: &Chore) {
 /// Runs `batch` and answers every job. One job runs on its own (in its own
 /// transactions, if it opens any); several share one `BEGIN IMMEDIATE`.
 fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
-    if batch.len() == 1 || conn.execute_batch("BEGIN IMMEDIATE").is_err() {
+    if batch.len() == 1 || fixed(conn, "BEGIN IMMEDIATE").is_err() {
         // Alone, or the write lock is not to be had: one at a time, each job
         // answering with what it did.
         for job in batch {
@@ -168,7 +168,7 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
     let mut replies = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
     for job in jobs.by_ref() {
-        if let Err(e) = conn.execute_batch("SAVEPOINT job") {
+        if let Err(e) = fixed(conn, "SAVEPOINT job") {
             // Answered below as part of the failed transaction; the job
             // itself waits for the next batch.
             tracing::warn!(error = %e, "sqlite store: cannot open a savepoint");
@@ -178,11 +178,11 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
             return;
         }
         let Some(ran) = job(conn) else {
-            let _ = conn.execute_batch("RELEASE job");
+            let _ = fixed(conn, "RELEASE job");
             continue;
         };
         let kept = if ran.ok {
-            conn.execute_batch("RELEASE job")
+            fixed(conn, "RELEASE job")
         } else {
             conn.execute_batch("ROLLBACK TO job; RELEASE job")
         };
@@ -203,12 +203,19 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
     finish(conn, replies, None);
 }
 
+/// Runs one of the batch's fixed statements from the connection's
+/// statement cache: parsed once, not for every batch and every job in it
+/// (`execute_batch` parses its text each time).
+fn fixed(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
 /// Commits the batch's transaction (or rolls it back after `failed`) and
 /// answers each job with the outcome.
 fn finish(conn: &mut Connection, replies: Vec<Reply>, failed: Option<StoreError>) {
     let outcome = match failed {
         Some(e) => Err(e),
-        None => conn.execute_batch("COMMIT").map_err(StoreError::from),
+        None => fixed(conn, "COMMIT").map_err(StoreError::from),
     };
     if outcome.is_err() && !conn.is_autocommit() {
         let _ = conn.execute_batch("ROLLBACK");
