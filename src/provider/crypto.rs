@@ -58,7 +58,16 @@ impl Tag {
 /// Decodes a presented hex signature (either case). Empty text is refused
 /// like garbage: it is a missing signature, not one that failed to match.
 pub(super) fn decode_hex(text: impl AsRef<[u8]>) -> Option<Vec<u8>> {
-    hex::decode(text).ok().filter(|bytes| !bytes.is_empty())
+    // `decode_to_slice` into a buffer of the right size: `hex::decode`
+    // collects through an iterator with no size hint, growing the vector
+    // (and copying it) as it goes.
+    let text = text.as_ref();
+    if text.is_empty() || text.len() % 2 != 0 {
+        return None;
+    }
+    let mut bytes = vec![0; text.len() / 2];
+    hex::decode_to_slice(text, &mut bytes).ok()?;
+    Some(bytes)
 }
 
 /// Decodes standard base64; empty text is refused as with hex. Padding is
