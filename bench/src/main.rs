@@ -123,6 +123,11 @@ struct SuiteArgs {
     /// 5 --warmup 1 --dup-set 1000`. Its CPU, RSS and latency are valgrind's.
     #[arg(long, conflicts_with = "perf")]
     instructions: bool,
+    /// With --instructions: keep each gate row's callgrind dump of the
+    /// measured window in this directory (`<row>.callgrind`), for
+    /// `callgrind_annotate --tree=caller`.
+    #[arg(long, requires = "instructions", value_name = "DIR")]
+    callgrind_dir: Option<PathBuf>,
     /// Events a drain row accepts (while the app holds the relay back)
     /// before it times the relay delivering them (500 with --smoke).
     #[arg(long, default_value_t = 20_000)]
@@ -204,6 +209,7 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
         perf: a.perf,
         perf_args: a.perf_args,
         instructions: a.instructions,
+        callgrind_dir: a.callgrind_dir,
         drain_events: drain_events.max(1),
         drain_concurrency: a.drain_concurrency,
         rounds: usize::from(a.rounds),
@@ -226,7 +232,7 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
         eprintln!("--instructions needs valgrind and callgrind_control (apt-get install valgrind)");
         return ExitCode::FAILURE;
     }
-    if let Some(dir) = &options.perf
+    if let Some(dir) = options.perf.as_ref().or(options.callgrind_dir.as_ref())
         && let Err(e) = std::fs::create_dir_all(dir)
     {
         eprintln!("cannot create {}: {e}", dir.display());

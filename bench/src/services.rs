@@ -123,8 +123,8 @@ impl Service {
 
     /// Dumps what callgrind counted since [`Self::count_instructions`],
     /// switches it off, and returns the instructions of that dump (its
-    /// `totals:` line, every thread's).
-    pub fn instructions_counted(&self) -> io::Result<u64> {
+    /// `totals:` line, every thread's) and the dump's path.
+    pub fn instructions_counted(&self) -> io::Result<(u64, PathBuf)> {
         let out = self
             .callgrind
             .as_deref()
@@ -140,7 +140,7 @@ impl Service {
                 && Some(n) != before
                 && let Some(total) = dump_total(&path)
             {
-                return Ok(total);
+                return Ok((total, path));
             }
             if Instant::now() > deadline {
                 return Err(io::Error::other(format!(

@@ -53,6 +53,8 @@ pub struct Options {
     /// Run each gate row's gate under callgrind and count its instructions
     /// over the measured window.
     pub instructions: bool,
+    /// With `instructions`: where each gate row's dump is kept.
+    pub callgrind_dir: Option<PathBuf>,
     /// Events accepted (with the app holding the relay back) before a
     /// drain row times the relay.
     pub drain_events: usize,
@@ -651,7 +653,11 @@ fn measure(
             let pause: &mut dyn FnMut() = &mut || switched = server.count_instructions();
             let outcome = load::run_with(&plan, pool, Some(pause));
             switched?;
-            (outcome, Some(server.instructions_counted()?))
+            let (instructions, dump) = server.instructions_counted()?;
+            if let (Some(keep), Some(tag)) = (&o.callgrind_dir, gate_tag) {
+                std::fs::copy(&dump, keep.join(format!("{tag}.callgrind")))?;
+            }
+            (outcome, Some(instructions))
         }
     };
     let wall = started.elapsed().as_secs_f64();
