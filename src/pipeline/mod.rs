@@ -87,10 +87,10 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     // The delivery runs in a task of its own: if the sender hangs up after
     // the claim, the forward and its mark still complete, so the claim is
     // never left to expire with the app's work unrecorded. The future is
-    // boxed first: tokio moves a task's future, and its output, through
-    // several by-value copies of the task's whole stage (spawn, store,
-    // read and drop of the output), and a delivery's future is some 3.5
-    // KiB; a box makes each of those copies 16 bytes for one allocation.
+    // boxed first: tokio copies a task's whole stage (its future or its
+    // output) by value when it spawns it, stores it and reads and drops
+    // the output, and a delivery's future is some 3.5 KiB; boxed, the
+    // stage is the size of the output, for one allocation.
     let task = tokio::spawn(Box::pin(deliver(gate, index, req, conn)));
     match task.await {
         Ok(response) => response,

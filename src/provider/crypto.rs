@@ -59,8 +59,8 @@ impl Tag {
 /// like garbage: it is a missing signature, not one that failed to match.
 pub(super) fn decode_hex(text: impl AsRef<[u8]>) -> Option<Vec<u8>> {
     // `decode_to_slice` into a buffer of the right size: `hex::decode`
-    // collects through an iterator with no size hint, growing the vector
-    // (and copying it) as it goes.
+    // collects through an iterator whose lower size bound is 0, growing the
+    // vector (and copying it) as it goes.
     let text = text.as_ref();
     if text.is_empty() || text.len() % 2 != 0 {
         return None;

@@ -165,6 +165,13 @@ impl SqliteStore {
 /// (docs/BENCHMARKS.md, Memory).
 const CACHE_KIB: i64 = -512;
 
+/// Statements kept parsed on the store thread's connection. 16 are cached
+/// today (the store's six and the outbox's six, and the batch's `BEGIN
+/// IMMEDIATE`, `SAVEPOINT`, `RELEASE` and `COMMIT`), as many as rusqlite's
+/// default room: twice that, so that one more does not evict another and
+/// send every batch back to parsing it.
+const STATEMENT_CACHE: usize = 32;
+
 fn open_connection(path: &Path) -> Result<Connection> {
     // SQLite itself would only say "unable to open database file".
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
@@ -187,10 +194,7 @@ fn open_connection(path: &Path) -> Result<Connection> {
         // inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.pragma_update(None, "cache_size", CACHE_KIB)?;
-        // Every statement the store thread runs is cached (the store's and
-        // the outbox's, and the batch's BEGIN, SAVEPOINT, RELEASE and
-        // COMMIT): room for all of them, so none is parsed twice.
-        conn.set_prepared_statement_cache_capacity(32);
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(outbox::SCHEMA)?;
         for (column, add) in ADDED_COLUMNS {
