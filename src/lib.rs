@@ -95,6 +95,12 @@ impl Running {
                 "grace elapsed with marks still pending: their leases will expire"
             );
         }
+        // Before the exporters stop: a delivery the grace cut off is logged,
+        // counted and its span ended as its core's runtime drops it.
+        self.cores.finish().await;
+        // After the cores: the claims of the deliveries they dropped are
+        // still tracked (`pipeline::held`), and so is one the store granted
+        // while the grace ran out.
         let released = self.gate.release_inflight().await;
         if released > 0 {
             tracing::warn!(
@@ -102,9 +108,6 @@ impl Running {
                 "grace elapsed: released the claims of unfinished deliveries"
             );
         }
-        // Before the exporters stop: a delivery the grace cut off is logged,
-        // counted and its span ended as its core's runtime drops it.
-        self.cores.finish().await;
         self.gate.metrics.shutdown().await;
         if let Some(traces) = &self.gate.traces {
             traces.shutdown().await;

@@ -13,8 +13,8 @@ use crate::store::{Backend, LeaseToken, ScopedKey, Store};
 pub type Held = (ScopedKey, LeaseToken);
 
 /// Every claim held by a running delivery, for shutdown: what is still held
-/// when its grace runs out is released, so the senders' retries get through
-/// at once instead of waiting out the lease.
+/// once the cores have stopped is released, so the senders' retries get
+/// through at once instead of waiting out the lease.
 #[derive(Default)]
 pub struct Inflight(Mutex<HashMap<LeaseToken, ScopedKey>>);
 
@@ -23,6 +23,14 @@ impl Inflight {
         // Every update is a single insert or remove: a panic elsewhere
         // cannot leave the map half-written.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// No longer tracks `claims`: they were marked or released.
+    fn forget(&self, claims: &[Held]) {
+        let mut map = self.lock();
+        for (_, token) in claims {
+            map.remove(token);
+        }
     }
 
     /// Releases every claim still held; returns how many were.
@@ -67,16 +75,7 @@ impl HeldClaims {
 
     /// The claims were marked or released: nothing is left to do on drop.
     pub fn settled(mut self) {
-        self.untrack();
-    }
-
-    fn untrack(&mut self) -> Vec<Held> {
-        let claims = std::mem::take(&mut self.claims);
-        let mut map = self.inflight.lock();
-        for (_, token) in &claims {
-            map.remove(token);
-        }
-        claims
+        self.inflight.forget(&std::mem::take(&mut self.claims));
     }
 }
 
@@ -91,19 +90,26 @@ pub async fn release(store: &Store, held: &[Held]) {
 }
 
 impl Drop for HeldClaims {
+    /// The claims stay in [`Inflight`] until the release has run: a core's
+    /// runtime that drops a delivery as it shuts down never runs a task
+    /// spawned on it, and the shutdown releases what is still tracked once
+    /// the cores have stopped (`Running::shutdown`).
     fn drop(&mut self) {
         if self.claims.is_empty() {
             return;
         }
-        let claims = self.untrack();
+        let claims = std::mem::take(&mut self.claims);
         tracing::warn!(
             claims = claims.len(),
             "a delivery ended without finishing; releasing its claims"
         );
-        // Outside a runtime (the process is ending) the leases expire alone.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let store = Arc::clone(&self.store);
-            runtime.spawn(async move { release(&store, &claims).await });
+            let inflight = Arc::clone(&self.inflight);
+            runtime.spawn(async move {
+                release(&store, &claims).await;
+                inflight.forget(&claims);
+            });
         }
     }
 }

@@ -148,9 +148,9 @@ async fn deliver(
 /// dropped, stages and all, when its core stops under it: the shutdown's
 /// grace ran out with the app still working or the body still coming.
 /// Such a delivery still gets its line, is counted and its span ended, as
-/// `internal_error`. Its claims were released when the grace ran out
-/// (`Gate::release_inflight`); one the store granted after that expires
-/// with its lease.
+/// `internal_error`. Its claims are released once the cores have stopped
+/// (`Gate::release_inflight`); only a claim whose answer the dropped task
+/// never read (the store granted it as the task went) waits out its lease.
 struct Unfinished<'a> {
     record: Option<DeliveryRecord>,
     metrics: &'a Metrics,

@@ -1,6 +1,8 @@
 //! Exactly one upstream call per event: concurrent copies, several gates on
 //! one store, restarts, payload mismatches.
 
+use std::time::Duration;
+
 use hookgate::provider::Scheme;
 
 use crate::support::fixture::{GateFixture, StoreConfig};
@@ -13,7 +15,7 @@ use crate::support::upstream::{Behavior, Upstream};
 /// was answered in_flight (409) or duplicate (200).
 async fn concurrent_copies(addrs: &[std::net::SocketAddr], up: &Upstream, copies: usize) {
     // A slow app keeps the first claim in flight while the copies arrive.
-    up.set(Behavior::Stall(std::time::Duration::from_millis(300)));
+    up.set(Behavior::Stall(Duration::from_millis(300)));
     let body = stripe_event("evt_concurrent");
     let headers = signed(&Scheme::Stripe, SECRET, &body, "", None);
     let tasks: Vec<_> = (0..copies)
@@ -88,6 +90,52 @@ async fn sqlite_remembers_processed_events_across_a_restart() {
     assert_eq!(b.result(), "duplicate");
     assert_eq!(b.body, a.body);
     assert_eq!(second.upstream().count(), 1);
+    second.shutdown().await;
+}
+
+/// A delivery the shutdown's grace cuts off, with the app still working
+/// on it, has its claim released as the gate stops: the provider's retry
+/// to the next gate on the same store is forwarded, not answered
+/// `in_flight` for the rest of the lease.
+#[tokio::test]
+async fn a_delivery_cut_off_at_shutdown_has_its_claim_released() {
+    let first = GateFixture::stripe()
+        .upstream_timeout("30s")
+        .store(StoreConfig::sqlite().lease("60s"))
+        .start()
+        .await;
+    first
+        .upstream()
+        .set(Behavior::Stall(Duration::from_secs(30)));
+    let body = stripe_event("evt_cut_off");
+    let (addr, path, headers) = (first.addr, first.path(), first.sign(&body));
+    let sent = {
+        let body = body.clone();
+        // The gate stops without answering: the client's error is not
+        // what is tested.
+        tokio::spawn(async move {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(20), post(addr, &path, &headers, &body))
+                    .await;
+        })
+    };
+    let waited = std::time::Instant::now();
+    while first.upstream().count() == 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the app never saw it"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let config = first.fixture().clone();
+    first.shutdown().await;
+    sent.abort();
+
+    let second = config.start().await;
+    second.upstream().set(Behavior::Status(200));
+    let retry = second.deliver(&body).await;
+    assert_eq!(retry.result(), "forwarded", "{retry:?}");
+    assert_eq!(second.upstream().count(), 2);
     second.shutdown().await;
 }
 
