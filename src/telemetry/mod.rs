@@ -10,6 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 mod core_log;
 mod json_line;
+mod timestamp;
 pub mod trace;
 pub use core_log::flush as flush_core_log;
 use json_line::JsonLine;
