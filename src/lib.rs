@@ -13,6 +13,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gate;
+mod json_string;
 pub mod key;
 pub mod metrics;
 pub mod pipeline;

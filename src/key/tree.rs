@@ -17,6 +17,8 @@ use serde::Deserialize;
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde_json::Number;
 
+use crate::json_string::push_str;
+
 /// A JSON value whose strings and keys borrow from the parsed text when
 /// they have no escapes.
 #[derive(Clone, Debug, PartialEq)]
@@ -80,7 +82,7 @@ impl<'a> Node<'a> {
     }
 
     /// Writes the value with object keys sorted and no whitespace; strings
-    /// and numbers are written by serde_json, exactly as it writes `Value`'s.
+    /// and numbers exactly as serde_json writes `Value`'s.
     pub fn write_canonical(&self, out: &mut Vec<u8>) {
         // Serializing into a Vec cannot fail.
         match self {
@@ -90,9 +92,7 @@ impl<'a> Node<'a> {
             Node::Number(n) => {
                 let _ = serde_json::to_writer(&mut *out, n);
             }
-            Node::String(s) => {
-                let _ = serde_json::to_writer(&mut *out, s.as_ref());
-            }
+            Node::String(s) => push_str(out, s),
             Node::Array(items) => {
                 out.push(b'[');
                 for (i, item) in items.iter().enumerate() {
@@ -109,7 +109,7 @@ impl<'a> Node<'a> {
                     if i > 0 {
                         out.push(b',');
                     }
-                    let _ = serde_json::to_writer(&mut *out, k.as_ref());
+                    push_str(out, k);
                     out.push(b':');
                     v.write_canonical(out);
                 }

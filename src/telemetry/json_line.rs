@@ -8,9 +8,9 @@
 //! writes (each quote, colon and comma) into a UTF-8 check and a dynamic
 //! `fmt::Write` call: measured with callgrind, formatting the delivery line
 //! took 19.8k instructions there and 5.4k here (docs/BENCHMARKS.md,
-//! finding 6). A string that needs no escaping (the names, codes, keys and
-//! target that fill a delivery line) is copied whole; serde_json escapes
-//! every other.
+//! finding 6). Strings are written by `crate::json_string`, which copies
+//! one that needs no escaping (the names, codes, keys and target that fill
+//! a delivery line) whole.
 
 use std::fmt;
 use std::time::SystemTime;
@@ -21,6 +21,8 @@ use tracing_log::NormalizeEvent;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
+
+use crate::json_string::push_str;
 
 /// A delivery line is about 300 bytes; a line that grows past this keeps
 /// growing, the buffer is only where it starts.
@@ -113,43 +115,6 @@ impl Visit for Fields<'_> {
     }
 }
 
-/// Appends `text` as a JSON string: copied whole when no byte of it needs
-/// escaping, escaped by serde_json otherwise. JSON escapes `"`, `\\` and the
-/// control characters below 0x20, and serde_json escapes nothing else, so
-/// both ways write the same bytes.
-fn push_str(line: &mut Vec<u8>, text: &str) {
-    if needs_escaping(text.as_bytes()) {
-        push_json(line, text);
-    } else {
-        line.reserve(text.len() + 2);
-        line.push(b'"');
-        line.extend_from_slice(text.as_bytes());
-        line.push(b'"');
-    }
-}
-
-/// Whether JSON must escape a byte of `bytes`. Checked in blocks of 16
-/// bytes without a branch, so that the compiler turns each block into a few
-/// vector instructions (serde_json looks each byte up in its table of
-/// escapes); the last, short block is padded with spaces, which need none.
-fn needs_escaping(bytes: &[u8]) -> bool {
-    fn any_escaped(block: &[u8; 16]) -> bool {
-        block.iter().fold(false, |any, &b| {
-            any | (b < 0x20) | (b == b'"') | (b == b'\\')
-        })
-    }
-    let mut blocks = bytes.chunks_exact(16);
-    let mut last = [b' '; 16];
-    let whole = blocks.by_ref().any(|block| {
-        last.copy_from_slice(block);
-        any_escaped(&last)
-    });
-    let rest = blocks.remainder();
-    last = [b' '; 16];
-    last[..rest.len()].copy_from_slice(rest);
-    whole || any_escaped(&last)
-}
-
 /// Appends `value` as JSON. Serializing a string, a number or formatted
 /// text into a Vec has no error to report.
 fn push_json<T: serde::Serialize + ?Sized>(line: &mut Vec<u8>, value: &T) {
@@ -238,20 +203,6 @@ mod tests {
         let line = json_of(|| tracing::info!(key = nasty.as_str(), "{}", nasty));
         assert_eq!(line["key"], nasty.as_str());
         assert_eq!(line["message"], nasty.as_str());
-    }
-
-    #[test]
-    fn strings_are_written_byte_for_byte_as_serde_json_writes_them() {
-        let mut texts: Vec<String> = (0u32..0x80)
-            .filter_map(char::from_u32)
-            .map(|c| format!("a{c}b"))
-            .collect();
-        texts.extend(["", "evt_1", "\u{2028}", "é😀", "\u{7f}", "tab\there"].map(String::from));
-        for text in &texts {
-            let mut line = Vec::new();
-            push_str(&mut line, text);
-            assert_eq!(line, serde_json::to_vec(text).unwrap(), "{text:?}");
-        }
     }
 
     #[test]
