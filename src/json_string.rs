@@ -33,16 +33,10 @@ fn needs_escaping(bytes: &[u8]) -> bool {
             any | (b < 0x20) | (b == b'"') | (b == b'\\')
         })
     }
-    let mut blocks = bytes.chunks_exact(16);
+    let (blocks, rest) = bytes.as_chunks::<16>();
     let mut last = [b' '; 16];
-    let whole = blocks.by_ref().any(|block| {
-        last.copy_from_slice(block);
-        any_escaped(&last)
-    });
-    let rest = blocks.remainder();
-    last = [b' '; 16];
     last[..rest.len()].copy_from_slice(rest);
-    whole || any_escaped(&last)
+    blocks.iter().any(any_escaped) || any_escaped(&last)
 }
 
 #[cfg(test)]
@@ -70,6 +64,9 @@ mod tests {
             let mut expected = b"prefix".to_vec();
             serde_json::to_writer(&mut expected, text).unwrap();
             assert_eq!(out, expected, "{text:?}");
+            // The fast path is taken exactly when serde_json escapes nothing.
+            let escapes = expected.len() != b"prefix".len() + text.len() + 2;
+            assert_eq!(needs_escaping(text.as_bytes()), escapes, "{text:?}");
         }
     }
 }

@@ -2,15 +2,15 @@
 //!
 //! It writes what tracing-subscriber's `json().flatten_event(true)` writes
 //! (`timestamp`, `level`, the event's fields, `target`), but into a byte
-//! buffer through serde_json's serializer and hands the line to the
-//! subscriber's writer in one piece. tracing-subscriber's JSON format
-//! serializes through an adaptor that turns every fragment serde_json
-//! writes (each quote, colon and comma) into a UTF-8 check and a dynamic
-//! `fmt::Write` call: measured with callgrind, formatting the delivery line
-//! took 19.8k instructions there and 5.4k here (docs/BENCHMARKS.md,
-//! finding 6). Strings are written by `crate::json_string`, which copies
-//! one that needs no escaping (the names, codes, keys and target that fill
-//! a delivery line) whole.
+//! buffer, and hands the line to the subscriber's writer in one piece.
+//! tracing-subscriber's JSON format serializes through an adaptor that
+//! turns every fragment serde_json writes (each quote, colon and comma)
+//! into a UTF-8 check and a dynamic `fmt::Write` call: measured with
+//! callgrind, formatting the delivery line took 19.8k instructions there
+//! and 5.4k here (docs/BENCHMARKS.md, finding 6), 4.1k since the timestamp
+//! (`super::timestamp`) and the strings (`crate::json_string`, which
+//! copies a string that needs no escaping whole) are written without
+//! serde_json; numbers and formatted values still go through it.
 
 use std::fmt;
 use std::time::SystemTime;
@@ -44,8 +44,9 @@ where
         event: &Event<'_>,
     ) -> fmt::Result {
         let line = format_line(event, SystemTime::now());
-        // serde_json writes valid UTF-8 only; the check is one pass over
-        // a few hundred bytes and keeps this module free of `unsafe`.
+        // The line is valid UTF-8 (strings copied whole are `&str`, the
+        // rest is serde_json's); the check is one pass over a few hundred
+        // bytes and keeps this module free of `unsafe`.
         writer.write_str(std::str::from_utf8(&line).map_err(|_| fmt::Error)?)
     }
 }

@@ -99,6 +99,13 @@ mod tests {
                 "{micros}"
             );
         }
+        // A clock set back writes the earlier second, not the cached one.
+        for back in [start + Duration::from_micros(1_500_000), start] {
+            assert_eq!(
+                written(back),
+                humantime::format_rfc3339_micros(back).to_string()
+            );
+        }
         let now = SystemTime::now();
         assert_eq!(
             written(now),
