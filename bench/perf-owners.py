@@ -65,12 +65,23 @@ def component(syms, patterns=None):
     return None
 
 
+# The frames a whole stack of the gate's threads ends in.
+THREAD_ROOT = re.compile(r"__rust_begin_short_backtrace|start_thread|clone3|^_start\b|^main\b")
+
+
 def classify(syms):
-    task = next((n for n, p in TASKS if any(p.search(s) for s in syms)), None)
+    # Walking from the root, the first frame that names a task: a task that
+    # awaits another's output (the connection awaits its delivery) is not
+    # counted as the one it awaits.
+    task = next((n for s in reversed(syms) for n, p in TASKS if p.search(s)), None)
     if task is None:
         # A stack cut short before its task's frames (deep async frames can
-        # outgrow the sampled stack) still names the pipeline's component.
-        return component(syms, ONLY_IN_A_DELIVERY) or "runtime: scheduler, I/O driver, timers, idle (no task frame)"
+        # outgrow the sampled stack) still names the pipeline's component;
+        # a whole stack without a task frame is the runtime's own work
+        # (including the park hook's write of the core's log lines).
+        cut_short = not any(THREAD_ROOT.search(s) for s in syms)
+        named = component(syms, ONLY_IN_A_DELIVERY) if cut_short else None
+        return named or "runtime: scheduler, I/O driver, timers, idle (no task frame)"
     if task != "delivery task":
         return task
     return component(syms) or "delivery: pipeline glue (allocation, headers, tokio)"
