@@ -76,19 +76,22 @@ struct Fields<'a> {
 }
 
 impl Fields<'_> {
-    fn field<T: serde::Serialize + ?Sized>(&mut self, field: &Field, value: &T) {
+    /// Writes `,"name":`, for the value that follows.
+    fn name(&mut self, field: &Field) {
         self.line.push(b',');
         push_str(self.line, field.name());
         self.line.push(b':');
+    }
+
+    fn field<T: serde::Serialize + ?Sized>(&mut self, field: &Field, value: &T) {
+        self.name(field);
         push_json(self.line, value);
     }
 }
 
 impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.line.push(b',');
-        push_str(self.line, field.name());
-        self.line.push(b':');
+        self.name(field);
         push_str(self.line, value);
     }
 
