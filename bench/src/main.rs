@@ -12,6 +12,7 @@ mod requests;
 mod services;
 mod suite;
 mod upstream;
+mod waits;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -298,6 +299,11 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
     {
         text.push('\n');
         text.push_str(&report::latency(&results));
+        let waits = report::waits(&results);
+        if !waits.is_empty() {
+            text.push('\n');
+            text.push_str(&waits);
+        }
     }
     if results.iter().any(|m| m.queue.is_some()) {
         text.push('\n');

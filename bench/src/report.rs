@@ -8,6 +8,7 @@ use crate::load::Pacing;
 use crate::requests::Mix;
 use crate::services::Store;
 use crate::suite::{self, DrainMeasured, Measured, Options, Role, Target};
+use crate::waits::Histogram;
 
 /// The targets. The gate's CPU per request (its own process: user + system,
 /// every thread) at most this many times nginx's at the same connections,
@@ -180,6 +181,54 @@ pub fn latency(results: &[Measured]) -> String {
             added(0.5),
             added(0.99),
             errors(m),
+        );
+    }
+    out
+}
+
+/// Where each open-loop gate row's time went, by the gate's own histograms
+/// (`waits`): the whole request, the claim, the mark and the app, each as
+/// its mean and its share above 0.5 ms; and what is left, the gate's own
+/// time per request (the request's sum less the three waits' sums). Empty
+/// when no such row has them.
+pub fn waits(results: &[Measured]) -> String {
+    const TAIL: f64 = 0.0005;
+    let rows: Vec<_> = results
+        .iter()
+        .filter(|m| matches!(m.row.pacing, Pacing::Open(_)))
+        .filter_map(|m| Some((m, m.waits.as_ref()?)))
+        .filter(|(_, w)| w.request.count > 0.0)
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "Where the time went, by the gate's own histograms (warm-up included): \
+         each wait's mean in ms, and the share of them above 0.5 ms.\n\n\
+         | target | rate | request | > 0.5 ms | claim | > 0.5 ms | mark | > 0.5 ms | app | > 0.5 ms | the gate's own |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+    );
+    let mean = |h: &Histogram| h.mean_ms().map_or_else(String::new, |v| format!("{v:.3}"));
+    let tail = |h: &Histogram| {
+        h.share_above(TAIL)
+            .map_or_else(String::new, |v| format!("{:.2}%", v * 100.0))
+    };
+    for (m, w) in rows {
+        let waited = w.claim.sum + w.complete.sum + w.upstream.sum;
+        let own = (w.request.sum - waited) / w.request.count * 1e3;
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {own:.3} |",
+            name(m),
+            m.row.pacing_rate(),
+            mean(&w.request),
+            tail(&w.request),
+            mean(&w.claim),
+            tail(&w.claim),
+            mean(&w.complete),
+            tail(&w.complete),
+            mean(&w.upstream),
+            tail(&w.upstream),
         );
     }
     out

@@ -600,9 +600,9 @@ tolerance = \"1h\"
     Ok(service)
 }
 
-/// The gate's `/metrics` text, kept beside each row's log: its store and
-/// upstream histograms tell where a row's time went.
-pub fn save_metrics(gate: &Service, to: &Path) -> io::Result<()> {
+/// The gate's `/metrics` text, kept beside each row's log and returned: its
+/// store and upstream histograms tell where a row's time went (`waits`).
+pub fn save_metrics(gate: &Service, to: &Path) -> io::Result<String> {
     let admin = gate.admin.ok_or_else(|| io::Error::other("not a gate"))?;
     let mut s = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], admin)))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -613,7 +613,8 @@ pub fn save_metrics(gate: &Service, to: &Path) -> io::Result<()> {
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    fs::write(to, body)
+    fs::write(to, body)?;
+    Ok(body.to_owned())
 }
 
 /// A blocking GET; the status, or `None` when nothing answered.

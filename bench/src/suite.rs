@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::load::{self, Outcome, Pacing, Plan};
 use crate::requests::{Answerer, Builder, Mix, Pool};
 use crate::services::{self, AppStats, GateLog, Queue, Service, Store};
+use crate::waits::Waits;
 
 /// The default `queue.concurrency` (src/config/file.rs): the relay
 /// attempts a gate has in flight.
@@ -123,6 +124,8 @@ pub struct Measured {
     /// With `--instructions`, a gate row's: the gate's instructions over
     /// the measured window, which answered `outcome.completed` requests.
     pub instructions: Option<u64>,
+    /// A gate row's histograms of its own (warm-up included).
+    pub waits: Option<Waits>,
 }
 
 /// What the relay of a queue row delivered.
@@ -685,12 +688,13 @@ fn measure(
     let answers = outcome.answered_total.max(1) as f64;
     let busy_cores = cpu.iter().map(|(_, s)| s).sum::<f64>() / wall;
     let cpu_per_request = cpu.into_iter().map(|(r, s)| (r, s / answers)).collect();
-    if let Some(tag) = gate_tag {
+    let waits = gate_tag.and_then(|tag| {
         let to = dir.join(format!("{tag}.metrics"));
-        if let Err(e) = services::save_metrics(server, &to) {
-            eprintln!("        (no metrics from the gate: {e})");
-        }
-    }
+        services::save_metrics(server, &to)
+            .map_err(|e| eprintln!("        (no metrics from the gate: {e})"))
+            .ok()
+            .map(|text| Waits::parse(&text))
+    });
     let has_rss = matches!(row.target, Target::Gate(_) | Target::Node);
     Ok(Measured {
         row: row.clone(),
@@ -701,6 +705,7 @@ fn measure(
         file_rss_kib: has_rss.then(|| server.file_rss_kib()).flatten(),
         queue,
         instructions,
+        waits,
     })
 }
 
