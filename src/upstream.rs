@@ -96,7 +96,7 @@ impl Upstream {
     /// base path, then the request's path and query.
     pub fn target(&self, path_and_query: &str) -> Result<Uri, UpstreamError> {
         let base = self.base.path().trim_end_matches('/');
-        let pq = format!("{base}{path_and_query}");
+        let pq = [base, path_and_query].concat();
         Uri::builder()
             .scheme(self.base.scheme_str().unwrap_or("http"))
             .authority(self.base.authority().map_or("", |a| a.as_str()))

@@ -53,8 +53,9 @@ impl fmt::Display for ScopedKey {
 pub struct LeaseToken(pub String);
 
 impl LeaseToken {
+    /// 128 random bits as 32 hex digits.
     pub fn generate() -> Self {
-        Self(format!("{:032x}", rand::random::<u128>()))
+        Self(hex::encode(rand::random::<u128>().to_be_bytes()))
     }
 }
 
@@ -332,4 +333,22 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Tokens are stored and compared as text: `hex` spells the bits as
+    /// `{:032x}` did before it.
+    #[test]
+    fn lease_tokens_are_32_lowercase_hex_digits() {
+        for bits in [0, 1, 0x0123_4567_89ab_cdef, u128::MAX] {
+            assert_eq!(hex::encode(bits.to_be_bytes()), format!("{bits:032x}"));
+        }
+        let (a, b) = (LeaseToken::generate(), LeaseToken::generate());
+        assert_ne!(a, b);
+        assert_eq!(a.0.len(), 32);
+        assert!(a.0.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')));
+    }
 }

@@ -16,28 +16,38 @@ use std::time::Duration;
 
 use super::super::{Existing, LeaseToken, Result, Snapshot, StoreError, now_ms};
 
+// The values are joined from their parts rather than `format!`ted: every
+// claim and mark builds them, and the formatting machinery cost more than
+// the copies (docs/BENCHMARKS.md, The overhead work).
+
 /// The in-flight value a claim writes.
 pub fn in_flight(token: &LeaseToken, fingerprint: &str, lease: Duration) -> String {
     let end = now_ms()
         .unsigned_abs()
         .saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-    format!("{}{end}:{fingerprint}", owner(token))
+    let mut digits = itoa::Buffer::new();
+    ["i", &token.0, ":", digits.format(end), ":", fingerprint].concat()
 }
 
 /// What an in-flight value starts with while `token` holds it.
 pub fn owner(token: &LeaseToken) -> String {
-    format!("i{}:", token.0)
+    ["i", &token.0, ":"].concat()
 }
 
 /// The completed value's start, up to its fingerprint.
 pub fn completed_head(snapshot: &Snapshot) -> String {
-    format!("c{:03}{}:", snapshot.status, u8::from(snapshot.truncated))
+    let mut digits = itoa::Buffer::new();
+    let status = digits.format(snapshot.status);
+    let pad = &"000"[status.len().min(3)..];
+    let truncated = if snapshot.truncated { "1" } else { "0" };
+    ["c", pad, status, truncated, ":"].concat()
 }
 
 /// The completed value's end, after its fingerprint.
 pub fn completed_tail(snapshot: &Snapshot) -> Vec<u8> {
     let content_type = snapshot.content_type.as_deref();
-    let length = content_type.map_or_else(|| "-".to_owned(), |c| c.len().to_string());
+    let mut digits = itoa::Buffer::new();
+    let length = content_type.map_or("-", |c| digits.format(c.len()));
     let mut tail = Vec::with_capacity(length.len() + 2 + snapshot.body.len() + 64);
     tail.push(b':');
     tail.extend_from_slice(length.as_bytes());
@@ -142,6 +152,42 @@ mod tests {
                 assert_eq!(fp, fingerprint);
                 assert_eq!(state, Existing::Completed(snapshot.clone()));
             }
+        }
+    }
+
+    /// Values written by one version are read, and their owner prefix
+    /// compared byte for byte by the scripts, by another: the joined
+    /// spellings are `format!`'s.
+    #[test]
+    fn values_are_spelled_as_format_spelled_them() {
+        let token = LeaseToken("0123abcd".into());
+        assert_eq!(owner(&token), format!("i{}:", token.0));
+        let value = in_flight(&token, "ab12", Duration::from_secs(30));
+        let end: u64 = value.split(':').nth(1).unwrap().parse().unwrap();
+        assert_eq!(value, format!("i{}:{end}:ab12", token.0));
+        for status in [0, 7, 42, 100, 200, 599, 999, 1000, u16::MAX] {
+            for truncated in [false, true] {
+                let snapshot = Snapshot {
+                    status,
+                    content_type: None,
+                    body: bytes::Bytes::new(),
+                    truncated,
+                };
+                let before = format!("c{status:03}{}:", u8::from(truncated));
+                assert_eq!(completed_head(&snapshot), before);
+            }
+        }
+        let long = "x".repeat(1234);
+        for content_type in [None, Some(""), Some("text/plain"), Some(long.as_str())] {
+            let snapshot = Snapshot {
+                status: 200,
+                content_type: content_type.map(str::to_owned),
+                body: bytes::Bytes::from_static(b"{}"),
+                truncated: false,
+            };
+            let length = content_type.map_or_else(|| "-".to_owned(), |c| c.len().to_string());
+            let before = format!(":{length}:{}{{}}", content_type.unwrap_or(""));
+            assert_eq!(completed_tail(&snapshot), before.into_bytes());
         }
     }
 
