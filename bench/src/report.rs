@@ -205,7 +205,7 @@ pub fn waits(results: &[Measured]) -> String {
     let mut out = String::from(
         "Where the time went, by the gate's own histograms (warm-up included): \
          each wait's mean in ms, and the share of them above 0.5 ms.\n\n\
-         | target | rate | request | > 0.5 ms | claim | > 0.5 ms | mark | > 0.5 ms | app | > 0.5 ms | the gate's own |\n\
+         | target | rate | request | > 0.5 ms | claim | > 0.5 ms | mark | > 0.5 ms | app | > 0.5 ms | the gate's own, ms |\n\
          |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     let mean = |h: &Histogram| h.mean_ms().map_or_else(String::new, |v| format!("{v:.3}"));

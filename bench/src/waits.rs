@@ -1,5 +1,6 @@
 //! Where a gate row's time went, by the gate's own histograms: its
-//! `/metrics` text read back after the row (SPEC's metric names). A CPU
+//! `/metrics` text read back after the row (the names in README.md,
+//! Metrics). A CPU
 //! profile does not show waits; these do: each delivery's wait for the
 //! store's claim and mark and for the app, against the whole request.
 //!
@@ -71,11 +72,18 @@ fn histogram(text: &str, name: &str, filter: &str) -> Histogram {
         if !series.contains(filter) {
             continue;
         }
-        if series.starts_with("_sum") {
+        // The suffix, then the labels or the value: a longer name that
+        // starts with `name` is another metric.
+        let is = |suffix: &str| {
+            series
+                .strip_prefix(suffix)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('{'))
+        };
+        if is("_sum") {
             h.sum += value;
-        } else if series.starts_with("_count") {
+        } else if is("_count") {
             h.count += value;
-        } else if series.starts_with("_bucket")
+        } else if is("_bucket")
             && let Some(le) = label(series, "le").and_then(|v| v.parse::<f64>().ok())
         {
             match h.buckets.iter_mut().find(|(b, _)| *b == le) {
@@ -88,11 +96,13 @@ fn histogram(text: &str, name: &str, filter: &str) -> Histogram {
     h
 }
 
-/// A label's value in `{a="x",b="y"}`.
+/// A label's value in `{a="x",b="y"}` (values with no quote in them).
 fn label<'a>(series: &'a str, name: &str) -> Option<&'a str> {
-    let start = series.find(&format!("{name}=\""))? + name.len() + 2;
-    let len = series[start..].find('"')?;
-    Some(&series[start..start + len])
+    let labels = series.split_once('{')?.1.strip_suffix('}')?;
+    labels.split(',').find_map(|pair| {
+        let value = pair.strip_prefix(name)?.strip_prefix("=\"")?;
+        value.strip_suffix('"')
+    })
 }
 
 #[cfg(test)]
@@ -111,6 +121,8 @@ hookgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"c
 hookgate_request_duration_seconds_sum{provider=\"stripe\",outcome=\"forwarded\"} 0.3
 hookgate_request_duration_seconds_count{provider=\"stripe\",outcome=\"forwarded\"} 1000
 hookgate_request_duration_seconds_bucket{le=\"0.0005\",provider=\"stripe\",outcome=\"forwarded\"} 950
+hookgate_request_duration_seconds_total_sum{provider=\"stripe\"} 9
+hookgate_request_duration_seconds_bucket{role=\"0.0005\",provider=\"stripe\"} 7
 hookgate_request_duration_seconds_sum{provider=\"stripe\",outcome=\"duplicate\"} 0.1
 hookgate_request_duration_seconds_count{provider=\"stripe\",outcome=\"duplicate\"} 1000
 hookgate_request_duration_seconds_bucket{le=\"0.0005\",provider=\"stripe\",outcome=\"duplicate\"} 1000
@@ -130,7 +142,8 @@ hookgate_request_duration_seconds_bucket{le=\"0.0005\",provider=\"stripe\",outco
         assert_eq!(w.claim.buckets.len(), 3, "+Inf included");
         assert!(close(w.complete.mean_ms(), 0.25));
         assert!(w.complete.buckets.is_empty());
-        // Two outcomes' series, summed.
+        // Two outcomes' series, summed; another metric whose name starts
+        // with this one's left out; `le`, not a label ending in it.
         assert_eq!(w.request.count, 2000.0);
         assert!(close(w.request.mean_ms(), 0.2));
         assert!(close(w.request.share_above(0.0005), 0.025));

@@ -72,7 +72,9 @@ async fn exactly_once_on_postgres() {
 }
 
 /// On a Redis Cluster (three masters, three replicas, append-only): the
-/// store's fault is a master SIGKILLed mid-run; "restarted" is its replica
+/// store's fault is a master SIGKILLed mid-run, once its writes are paused
+/// and its replica has caught up (asynchronous replication's own loss is
+/// the README's boundary, not modelled here); "restarted" is its replica
 /// promoted, about two seconds later (the node timeout), while the gates
 /// answer 503 for the keys of its slots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

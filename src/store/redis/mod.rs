@@ -155,8 +155,7 @@ impl RedisStore {
             let shard = outbox::Shard::of(key);
             format!("{}{}:{}", shard.prefix(&self.prefix), key.provider, key.key)
         } else {
-            // Joined, not `format!`: every claim and mark builds one, and
-            // the formatting machinery cost more than the copies.
+            // Joined, not `format!`ted, as the values are (`value`).
             [self.prefix.as_str(), ":", &key.provider, ":", &key.key].concat()
         }
     }

@@ -166,25 +166,30 @@ impl RedisCluster {
         victim
     }
 
-    /// Stops client writes on the master on `port` (`CLIENT PAUSE WRITE`,
-    /// which also holds back its pings to replicas, so its offset stands
-    /// still) and waits until its replica has processed everything.
+    /// Stops client writes on the master on `port` (`CLIENT PAUSE WRITE`)
+    /// and waits until its replica has processed everything the master
+    /// wrote. The master's periodic PING to its replicas still moves its
+    /// offset, so the master's is read first: a PING after it can only
+    /// delay the return, never let it come early.
     fn pause_until_replicated(&self, port: u16) {
-        cli(port, &["CLIENT", "PAUSE", "30000", "WRITE"]).expect("pause the master's writes");
         let master_port = format!("master_port:{port}");
+        let replica = self
+            .nodes
+            .iter()
+            .filter(|n| n.alive() && n.port != port)
+            .find(|n| {
+                cli(n.port, &["INFO", "replication"])
+                    .is_some_and(|info| info.lines().any(|l| l.trim() == master_port))
+            })
+            .map(|n| n.port)
+            .unwrap_or_else(|| panic!("no live replica of the master on {port}"));
+        cli(port, &["CLIENT", "PAUSE", "30000", "WRITE"]).expect("pause the master's writes");
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let master = cli(port, &["INFO", "replication"]).unwrap_or_default();
-            let replica = self
-                .nodes
-                .iter()
-                .filter(|n| n.alive() && n.port != port)
-                .filter_map(|n| cli(n.port, &["INFO", "replication"]))
-                .find(|info| info.lines().any(|l| l.trim() == master_port));
             let target = info_field(&master, "master_repl_offset");
-            let reached = replica
-                .as_deref()
-                .and_then(|r| info_field(r, "slave_repl_offset"));
+            let reached = cli(replica, &["INFO", "replication"])
+                .and_then(|r| info_field(&r, "slave_repl_offset"));
             if let (Some(target), Some(reached)) = (target, reached)
                 && reached >= target
             {

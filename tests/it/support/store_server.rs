@@ -90,9 +90,10 @@ impl StoreServer for RedisCluster {
         self.wait_until_ok();
     }
 
-    /// A promoted replica has what its master had replicated to it:
-    /// everything but the last instant's writes (replication is
-    /// asynchronous).
+    /// A promoted replica has what its master had replicated to it, which
+    /// `kill_a_master` lets be everything: it pauses the master's writes
+    /// until the replica has caught up (replication is asynchronous, and
+    /// the last instant's writes of a master killed unawares are lost).
     fn persists(&self) -> bool {
         true
     }
