@@ -1,8 +1,8 @@
 //! Where a gate row's time went, by the gate's own histograms: its
 //! `/metrics` text read back after the row (the names in README.md,
-//! Metrics). A CPU
-//! profile does not show waits; these do: each delivery's wait for the
-//! store's claim and mark and for the app, against the whole request.
+//! Metrics). A CPU profile does not show waits; these do: each delivery's
+//! wait for the store's claim and mark and for the app, against the whole
+//! request.
 //!
 //! Written by hand: the text format's lines this needs are
 //! `name_bucket{...le="x"...} n`, `name_sum{...} s` and `name_count{...} n`,
