@@ -63,7 +63,11 @@ const PURGE_BATCH: usize = 500;
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 /// WAL frames (pages, 4 KiB) past which a checkpoint makes the next commit
 /// start the WAL over (see `checkpoint`): the WAL file stays near 16 MiB
-/// under any load.
+/// under any load. Each start-over holds the write lock for about 2 ms
+/// (two `fsync`s), the largest part of the sqlite claims' tail. 1,024,
+/// 2,048 and 16,384 frames made that tail longer, and no other
+/// `CHECKPOINT_INTERVAL` (20, 50, 1,000 ms) did better at 1,000 req/s
+/// (docs/BENCHMARKS.md, "What makes a request slow").
 const RESTART_FRAMES: i64 = 4096;
 
 /// A busy handler that tries again every 50 µs until `timeout` has passed.
