@@ -63,11 +63,14 @@ const PURGE_BATCH: usize = 500;
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 /// WAL frames (pages, 4 KiB) past which a checkpoint makes the next commit
 /// start the WAL over (see `checkpoint`): the WAL file stays near 16 MiB
-/// under any load. Each start-over holds the write lock for about 2 ms
-/// (two `fsync`s), the largest part of the sqlite claims' tail. 1,024,
-/// 2,048 and 16,384 frames made that tail longer, and no other
-/// `CHECKPOINT_INTERVAL` (20, 50, 1,000 ms) did better at 1,000 req/s
-/// (docs/BENCHMARKS.md, "What makes a request slow").
+/// under any load. Each start-over takes about 2 ms, mostly under the
+/// write lock (the checkpoint's `fsync`s, then the next commit's `fsync`
+/// of the new WAL header); slow claims overlap it more than anything
+/// else. 1,024 and 2,048 frames left more claims above 0.5 ms, and 16,384
+/// more on average; a `CHECKPOINT_INTERVAL` of 20 ms took a third off the
+/// claims' tail but not the added p99, for about 9% more CPU per fresh
+/// event, and 50 ms and 1 s did not help (docs/BENCHMARKS.md, "What makes
+/// a request slow").
 const RESTART_FRAMES: i64 = 4096;
 
 /// A busy handler that tries again every 50 µs until `timeout` has passed.
