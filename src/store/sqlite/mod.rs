@@ -59,7 +59,10 @@ const PURGE_INTERVAL: Duration = Duration::from_secs(30);
 /// long behind a purge of millions of rows.
 const PURGE_BATCH: usize = 500;
 /// Short enough that the WAL stays small (a checkpoint copies about this
-/// long's commits), long enough to cost nothing measurable when idle.
+/// long's commits), long enough to cost nothing measurable when idle. 20
+/// ms took a third off the claims' tail at 1,000 req/s but not the added
+/// p99, for about 9% more CPU per fresh event; 50 ms and 1 s did not help
+/// (docs/BENCHMARKS.md, "What makes a request slow").
 const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 /// WAL frames (pages, 4 KiB) past which a checkpoint makes the next commit
 /// start the WAL over (see `checkpoint`): the WAL file stays near 16 MiB
@@ -67,10 +70,7 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_millis(100);
 /// write lock (the checkpoint's `fsync`s, then the next commit's `fsync`
 /// of the new WAL header); slow claims overlap it more than anything
 /// else. 1,024 and 2,048 frames left more claims above 0.5 ms, and 16,384
-/// more on average; a `CHECKPOINT_INTERVAL` of 20 ms took a third off the
-/// claims' tail but not the added p99, for about 9% more CPU per fresh
-/// event, and 50 ms and 1 s did not help (docs/BENCHMARKS.md, "What makes
-/// a request slow").
+/// more on average (docs/BENCHMARKS.md, "What makes a request slow").
 const RESTART_FRAMES: i64 = 4096;
 
 /// A busy handler that tries again every 50 µs until `timeout` has passed.
