@@ -24,8 +24,11 @@ use super::{
 use crate::store::Result;
 
 /// `expires_at` is the lease end while in flight and the retention end once
-/// completed, so one indexed column tells the purge (and every read) which
-/// rows are dead.
+/// completed: every read checks it. It has no index: the mark changes it,
+/// and moving the row in an index cost the mark two more pages in the WAL
+/// (6.5 pages a claim and mark against 3.4 without; docs/BENCHMARKS.md,
+/// The overhead work). The purge finds dead rows by their rowid instead
+/// (`purge_batch`). Files from before drop the index at open.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS processed_events (
     provider              TEXT    NOT NULL,
@@ -42,7 +45,7 @@ CREATE TABLE IF NOT EXISTS processed_events (
     received_at           INTEGER NOT NULL,
     PRIMARY KEY (provider, provider_event_id)
 );
-CREATE INDEX IF NOT EXISTS processed_events_expires_at ON processed_events (expires_at);
+DROP INDEX IF EXISTS processed_events_expires_at;
 ";
 
 /// Columns added after the first release, for files that predate them.
@@ -92,6 +95,7 @@ pub(super) fn poll_while_busy(timeout: Duration) -> impl FnMut(i32) -> bool + Se
 /// Dedupe state in a SQLite file (table `processed_events`).
 pub struct SqliteStore {
     thread: StoreThread,
+    keep: Duration,
     _checkpoints: CheckpointThread,
 }
 
@@ -115,10 +119,11 @@ WHERE provider = ?1 AND provider_event_id = ?2 AND expires_at > ?3";
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path` and starts the
-    /// store's thread (with the background purge) and the checkpoint
-    /// thread. The parent directory must exist: creating it would hide a
-    /// mistyped path until the data is found missing.
-    pub async fn open(path: &Path) -> Result<Self> {
+    /// store's thread (with the background purge of rows claimed longer
+    /// than `keep` ago) and the checkpoint thread. The parent directory
+    /// must exist: creating it would hide a mistyped path until the data is
+    /// found missing.
+    pub async fn open(path: &Path, keep: Duration) -> Result<Self> {
         let owned = path.to_owned();
         let (serving, checkpointing) = tokio::task::spawn_blocking(move || {
             // The serving connection first: it creates the file and schema.
@@ -129,11 +134,12 @@ impl SqliteStore {
         .map_err(task_failed)??;
         let purge = Chore {
             every: PURGE_INTERVAL,
-            round: |c| Ok(purge_batch(c)? == PURGE_BATCH),
+            round: Box::new(move |c| Ok(purge_batch(c, keep)? == PURGE_BATCH)),
             failure: "sqlite store: purging expired rows failed",
         };
         Ok(Self {
             thread: StoreThread::spawn("hookgate-sqlite", serving, purge)?,
+            keep,
             _checkpoints: CheckpointThread::spawn(
                 "sqlite-wal-ckpt",
                 checkpointing,
@@ -143,13 +149,14 @@ impl SqliteStore {
         })
     }
 
-    /// Deletes every expired row now, in batches; returns how many. The
-    /// store's thread does this on its own every 30 s.
+    /// Deletes every row claimed longer than `keep` ago now, in batches;
+    /// returns how many. The store's thread does this on its own every 30 s.
     pub async fn purge_expired(&self) -> Result<u64> {
         let mut total = 0;
         loop {
             // One job per batch, so claims queued meanwhile interleave.
-            let deleted = self.run(purge_batch).await?;
+            let keep = self.keep;
+            let deleted = self.run(move |c| purge_batch(c, keep)).await?;
             total += deleted as u64;
             if deleted < PURGE_BATCH {
                 return Ok(total);
@@ -224,14 +231,27 @@ fn open_connection(path: &Path) -> Result<Connection> {
     })
 }
 
-/// Deletes one batch of expired rows; returns how many.
-fn purge_batch(c: &mut Connection) -> Result<usize> {
+/// Deletes one batch of rows claimed longer than `keep` ago (dead by then:
+/// the lease and the longest retention have passed); returns how many.
+///
+/// Without an index on a time, the rows are found by their rowid: a claim
+/// inserts its row with the next rowid, so rowids go in order of
+/// `received_at`. The batch is the first rows by rowid up to the first one
+/// still young; it never reads past `PURGE_BATCH` rows, so a table of
+/// millions of live rows costs the purge nothing. (A clock stepped back
+/// only makes a later batch take what this one left.) A shorter-lived row
+/// (a provider with a shorter retention, a lease never completed) reads as
+/// absent from its `expires_at` on, and leaves the file with the others.
+fn purge_batch(c: &mut Connection, keep: Duration) -> Result<usize> {
     let now = now_ms();
+    let horizon = now.saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX));
     let mut stmt = c.prepare_cached(
-        "DELETE FROM processed_events WHERE rowid IN (
-             SELECT rowid FROM processed_events WHERE expires_at <= ?1 LIMIT ?2)",
+        "WITH head AS (SELECT rowid AS id, received_at FROM processed_events ORDER BY rowid LIMIT ?2)
+         DELETE FROM processed_events WHERE rowid < coalesce(
+             (SELECT min(id) FROM head WHERE received_at > ?1),
+             (SELECT max(id) + 1 FROM head))",
     )?;
-    let events = stmt.execute(params![now, PURGE_BATCH as i64])?;
+    let events = stmt.execute(params![horizon, PURGE_BATCH as i64])?;
     drop(stmt);
     // Delivered jobs go with their dedupe entries; pending and dead ones
     // stay until delivered or purged by an operator.
