@@ -23,8 +23,16 @@ use super::owned_thread::{OwnedThread, Queue};
 use crate::store::Result;
 use crate::store::StoreError;
 
-/// Answers a job's caller, given whether its transaction committed.
-type Reply = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
+/// Answers a job's caller, given whether its transaction committed and
+/// whether the job ran in a batch.
+type Reply = Box<dyn FnOnce(Result<(), &StoreError>, Batched) + Send>;
+
+/// Whether a job ran with others. A batch's answers reach a core through
+/// its inbox, one wake-up of the core for all of them (`cores::Inbox`); a
+/// job alone wakes its task directly, without the inbox courier's hop,
+/// which at a low rate (a job at a time) added to each claim's wait.
+#[derive(Clone, Copy)]
+struct Batched(bool);
 
 /// What a job did: whether it succeeded (its savepoint is kept) and how to
 /// answer its caller once its transaction's fate is known.
@@ -82,6 +90,7 @@ impl StoreThread {
         f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let (answer, answered) = oneshot::channel();
+        let inbox = crate::cores::inbox();
         let job: Job = Box::new(move |conn| {
             // The caller gave up (the store's operation timeout): its answer
             // would be thrown away, and a claim nobody forwards would only
@@ -97,14 +106,20 @@ impl StoreThread {
             });
             Some(Ran {
                 ok: result.is_ok(),
-                reply: Box::new(move |committed| {
+                reply: Box::new(move |committed, Batched(batched)| {
                     let result = match committed {
                         Ok(()) => result,
                         Err(e) => Err(StoreError::Unavailable(format!(
                             "sqlite: the commit failed: {e}"
                         ))),
                     };
-                    let _ = answer.send(result);
+                    let send = move || {
+                        let _ = answer.send(result);
+                    };
+                    match inbox {
+                        Some(inbox) if batched => inbox.leave(send),
+                        _ => send(),
+                    }
                 }),
             })
         });
@@ -163,7 +178,7 @@ fn run_batch(conn: &mut Connection, batch: Vec<Job>) {
         // answering with what it did.
         for job in batch {
             if let Some(ran) = job(conn) {
-                (ran.reply)(Ok(()));
+                (ran.reply)(Ok(()), Batched(false));
             }
         }
         return;
@@ -224,7 +239,7 @@ fn finish(conn: &mut Connection, replies: Vec<Reply>, failed: Option<StoreError>
         let _ = conn.execute_batch("ROLLBACK");
     }
     for reply in replies {
-        reply(outcome.as_ref().map(|_| ()));
+        reply(outcome.as_ref().map(|_| ()), Batched(true));
     }
 }
 

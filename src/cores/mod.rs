@@ -10,7 +10,9 @@
 //! (`crate::store::redis`), and the core's log lines gather in a buffer
 //! written out before the core waits (`crate::telemetry`). What the cores
 //! share runs on the main runtime: the admin listener, the relay,
-//! housekeeping, and the clients of sqlite, PostgreSQL and Redis Cluster. (docs/BENCHMARKS.md, "The overhead work":
+//! housekeeping, and the clients of sqlite, PostgreSQL and Redis Cluster;
+//! the sqlite store's thread hands a batch's answers back through each
+//! core's `Inbox`. (docs/BENCHMARKS.md, "The overhead work":
 //! 0.73 of the CPU per forged request, 0.87 per duplicate and 0.85 per
 //! fresh event on sqlite, against one work-stealing runtime.)
 //!
@@ -18,10 +20,12 @@
 //! Envoy's workers: a sender that keeps one HTTP/2 connection open uses
 //! one core.
 
-use std::cell::Cell;
+mod inbox;
+
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::thread;
 use std::time::Duration;
 
@@ -29,15 +33,25 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+pub use self::inbox::Inbox;
+
 thread_local! {
     /// Which core's thread this is: 1 to N on a core's thread, 0 elsewhere.
     static CORE: Cell<usize> = const { Cell::new(0) };
+    /// The core's inbox, on a core's thread.
+    static INBOX: RefCell<Option<Arc<Inbox>>> = const { RefCell::new(None) };
 }
 
 /// The core whose thread this is: 1 to N on a core's thread, 0 on the main
 /// runtime and anywhere else.
 pub fn current() -> usize {
     CORE.with(Cell::get)
+}
+
+/// The calling core's inbox, where another thread leaves answers for its
+/// tasks (see `Inbox`); `None` off the cores.
+pub fn inbox() -> Option<Arc<Inbox>> {
+    INBOX.with(|i| i.borrow().clone())
 }
 
 /// Makes the calling thread core `core`'s, for tests of what is per core.
@@ -174,7 +188,10 @@ impl Cores {
                 .name(format!("hookgate-core-{core}"))
                 .spawn(move || {
                     CORE.with(|c| c.set(core));
+                    let inbox = Arc::new(Inbox::default());
+                    INBOX.with(|i| *i.borrow_mut() = Some(Arc::clone(&inbox)));
                     runtime.block_on(async move {
+                        tokio::spawn(inbox.deliver());
                         match TcpListener::from_std(listener) {
                             Ok(listener) => serve(core, listener).await,
                             Err(e) => {
