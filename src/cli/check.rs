@@ -199,7 +199,7 @@ fn key_part(part: &KeyPart) -> String {
 fn describe_store(settings: &Settings) -> String {
     let base = match &settings.store.backend {
         BackendSettings::Memory { capacity } => format!("memory (capacity {capacity})"),
-        BackendSettings::Sqlite { path, .. } => format!("sqlite ({})", path.display()),
+        BackendSettings::Sqlite { path } => format!("sqlite ({})", path.display()),
         BackendSettings::Postgres { .. } => "postgres (URL not shown)".to_owned(),
         BackendSettings::Redis {
             prefix, cluster, ..

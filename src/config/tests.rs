@@ -140,20 +140,6 @@ fn postgres_needs_a_postgres_url_and_keeps_the_longest_retention() {
 }
 
 #[test]
-fn sqlite_keeps_rows_for_the_lease_and_the_longest_retention() {
-    let s = load(&figment_from_str(&format!(
-        "{STRIPE}retention = \"7d\"\n[store]\nretention = \"4d\"\nlease = \"90s\"\n"
-    )))
-    .unwrap();
-    match s.store.backend {
-        crate::store::BackendSettings::Sqlite { keep, .. } => {
-            assert_eq!(keep, Duration::from_secs(7 * 86400 + 90));
-        }
-        other => panic!("expected sqlite, got {other:?}"),
-    }
-}
-
-#[test]
 fn otlp_export_is_off_by_default_and_takes_a_collector_url() {
     let s = load(&figment_from_str(STRIPE)).unwrap();
     assert!(s.telemetry.otlp.is_none());

@@ -174,12 +174,8 @@ pub enum BackendSettings {
     Memory {
         capacity: usize,
     },
-    /// `keep` is how long after its claim a row can still be live: the
-    /// lease plus the longest retention any provider keeps a key. The
-    /// purge deletes rows past it.
     Sqlite {
         path: PathBuf,
-        keep: Duration,
     },
     /// `queue` names the providers in queue mode: their keys carry an
     /// outbox shard's hash tag (see the redis backend).
@@ -256,9 +252,7 @@ impl Store {
     pub async fn open(settings: &StoreSettings) -> Result<Self> {
         let backend = match &settings.backend {
             BackendSettings::Memory { capacity } => Dispatch::Memory(MemoryStore::new(*capacity)),
-            BackendSettings::Sqlite { path, keep } => {
-                Dispatch::Sqlite(SqliteStore::open(path, *keep).await?)
-            }
+            BackendSettings::Sqlite { path } => Dispatch::Sqlite(SqliteStore::open(path).await?),
             BackendSettings::Redis {
                 url,
                 prefix,

@@ -29,16 +29,11 @@ pub(super) fn build(file: &ConfigFile, mut issues: Issues) -> Result<Settings, C
     let queue = queue::queue(i, &file.queue, upstream.timeout);
     let providers = provider::providers(i, &file.providers, &dedupe);
     queue::check_backend(i, &store.backend, &providers);
-    let longest = providers
-        .iter()
-        .map(|p| p.retention)
-        .fold(dedupe.retention, Duration::max);
-    match &mut store.backend {
-        BackendSettings::Postgres { retention, .. } => *retention = longest,
-        // A row is claimed, completed within its lease, then kept for its
-        // provider's retention.
-        BackendSettings::Sqlite { keep, .. } => *keep = dedupe.lease.saturating_add(longest),
-        _ => {}
+    if let BackendSettings::Postgres { retention, .. } = &mut store.backend {
+        *retention = providers
+            .iter()
+            .map(|p| p.retention)
+            .fold(dedupe.retention, Duration::max);
     }
     if let BackendSettings::Redis { queue, .. } = &mut store.backend {
         *queue = providers

@@ -19,8 +19,6 @@ pub(super) fn store(
     let backend = match st.backend {
         BackendKind::Sqlite => BackendSettings::Sqlite {
             path: PathBuf::from(&st.path),
-            // Raised to the lease plus the longest provider retention below.
-            keep: Duration::ZERO,
         },
         BackendKind::Memory => BackendSettings::Memory {
             capacity: st.memory_capacity.max(1),

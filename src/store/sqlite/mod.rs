@@ -24,11 +24,12 @@ use super::{
 use crate::store::Result;
 
 /// `expires_at` is the lease end while in flight and the retention end once
-/// completed: every read checks it. It has no index: the mark changes it,
-/// and moving the row in an index cost the mark two more pages in the WAL
-/// (6.5 pages a claim and mark against 3.4 without; docs/BENCHMARKS.md,
-/// The overhead work). The purge finds dead rows by their rowid instead
-/// (`purge_batch`). Files from before drop the index at open.
+/// completed: every read checks it, and so does the purge. It has no
+/// index: the mark changes it, and keeping the row's place in an index
+/// cost every request three more WAL pages (6.5 a claim and mark against
+/// 3.4 without; docs/BENCHMARKS.md, The overhead work). The purge reads the
+/// rows in rowid order instead (`purge_batch`). Files from before drop the
+/// index at open.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS processed_events (
     provider              TEXT    NOT NULL,
@@ -95,7 +96,6 @@ pub(super) fn poll_while_busy(timeout: Duration) -> impl FnMut(i32) -> bool + Se
 /// Dedupe state in a SQLite file (table `processed_events`).
 pub struct SqliteStore {
     thread: StoreThread,
-    keep: Duration,
     _checkpoints: CheckpointThread,
 }
 
@@ -119,11 +119,10 @@ WHERE provider = ?1 AND provider_event_id = ?2 AND expires_at > ?3";
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path` and starts the
-    /// store's thread (with the background purge of rows claimed longer
-    /// than `keep` ago) and the checkpoint thread. The parent directory
-    /// must exist: creating it would hide a mistyped path until the data is
-    /// found missing.
-    pub async fn open(path: &Path, keep: Duration) -> Result<Self> {
+    /// store's thread (with the background purge) and the checkpoint
+    /// thread. The parent directory must exist: creating it would hide a
+    /// mistyped path until the data is found missing.
+    pub async fn open(path: &Path) -> Result<Self> {
         let owned = path.to_owned();
         let (serving, checkpointing) = tokio::task::spawn_blocking(move || {
             // The serving connection first: it creates the file and schema.
@@ -134,12 +133,11 @@ impl SqliteStore {
         .map_err(task_failed)??;
         let purge = Chore {
             every: PURGE_INTERVAL,
-            round: Box::new(move |c| Ok(purge_batch(c, keep)? == PURGE_BATCH)),
+            round: |c| Ok(purge_batch(c)? > 0),
             failure: "sqlite store: purging expired rows failed",
         };
         Ok(Self {
             thread: StoreThread::spawn("hookgate-sqlite", serving, purge)?,
-            keep,
             _checkpoints: CheckpointThread::spawn(
                 "sqlite-wal-ckpt",
                 checkpointing,
@@ -149,16 +147,16 @@ impl SqliteStore {
         })
     }
 
-    /// Deletes every row claimed longer than `keep` ago now, in batches;
-    /// returns how many. The store's thread does this on its own every 30 s.
+    /// Deletes expired rows now, in batches, as far as the purge reaches
+    /// (see `purge_batch`); returns how many. The store's thread does this
+    /// on its own every 30 s.
     pub async fn purge_expired(&self) -> Result<u64> {
         let mut total = 0;
         loop {
             // One job per batch, so claims queued meanwhile interleave.
-            let keep = self.keep;
-            let deleted = self.run(move |c| purge_batch(c, keep)).await?;
+            let deleted = self.run(purge_batch).await?;
             total += deleted as u64;
-            if deleted < PURGE_BATCH {
+            if deleted == 0 {
                 return Ok(total);
             }
         }
@@ -231,27 +229,27 @@ fn open_connection(path: &Path) -> Result<Connection> {
     })
 }
 
-/// Deletes one batch of rows claimed longer than `keep` ago (dead by then:
-/// the lease and the longest retention have passed); returns how many.
+/// Deletes the expired rows among the oldest `PURGE_BATCH` (by rowid);
+/// returns how many.
 ///
-/// Without an index on a time, the rows are found by their rowid: a claim
-/// inserts its row with the next rowid, so rowids go in order of
-/// `received_at`. The batch is the first rows by rowid up to the first one
-/// still young; it never reads past `PURGE_BATCH` rows, so a table of
-/// millions of live rows costs the purge nothing. (A clock stepped back
-/// only makes a later batch take what this one left.) A shorter-lived row
-/// (a provider with a shorter retention, a lease never completed) reads as
-/// absent from its `expires_at` on, and leaves the file with the others.
-fn purge_batch(c: &mut Connection, keep: Duration) -> Result<usize> {
+/// With no index on `expires_at`, the purge reads rows in rowid order: a
+/// claim inserts its row with the next rowid, so that is the order of
+/// their claims, and rows mostly expire in it. Each batch reads at most
+/// `PURGE_BATCH` rows, so a table of millions of live rows costs the purge
+/// nothing, and a row is deleted only once its own `expires_at` has
+/// passed. A live row stays where it is and the batch goes on past it; a
+/// row that expires sooner than rows claimed before it (a provider with a
+/// shorter retention, a lease never completed) can wait in the file, read
+/// as absent, until `PURGE_BATCH` older live rows ahead of it have expired
+/// too: at most the longest retention late.
+fn purge_batch(c: &mut Connection) -> Result<usize> {
     let now = now_ms();
-    let horizon = now.saturating_sub(i64::try_from(keep.as_millis()).unwrap_or(i64::MAX));
     let mut stmt = c.prepare_cached(
-        "WITH head AS (SELECT rowid AS id, received_at FROM processed_events ORDER BY rowid LIMIT ?2)
-         DELETE FROM processed_events WHERE rowid < coalesce(
-             (SELECT min(id) FROM head WHERE received_at > ?1),
-             (SELECT max(id) + 1 FROM head))",
+        "DELETE FROM processed_events
+         WHERE rowid IN (SELECT rowid FROM processed_events ORDER BY rowid LIMIT ?2)
+           AND expires_at <= ?1",
     )?;
-    let events = stmt.execute(params![horizon, PURGE_BATCH as i64])?;
+    let events = stmt.execute(params![now, PURGE_BATCH as i64])?;
     drop(stmt);
     // Delivered jobs go with their dedupe entries; pending and dead ones
     // stay until delivered or purged by an operator.

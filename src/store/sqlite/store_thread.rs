@@ -44,9 +44,6 @@ struct Ran {
 /// `None`: the caller had given up, nothing was done.
 type Job = Box<dyn FnOnce(&mut Connection) -> Option<Ran> + Send>;
 
-/// One round of a [`Chore`]: whether more is left to do.
-type Round = Box<dyn FnMut(&mut Connection) -> Result<bool> + Send>;
-
 /// Jobs run in one transaction at most. Bounded so that one commit never
 /// holds the answers of a long queue.
 const MAX_BATCH: usize = 64;
@@ -62,7 +59,7 @@ const QUEUE_CAPACITY: usize = 1024;
 /// alternate, so neither a long purge nor a busy queue starves the other.
 pub(super) struct Chore {
     pub every: Duration,
-    pub round: Round,
+    pub round: fn(&mut Connection) -> Result<bool>,
     /// What the log says when a round fails.
     pub failure: &'static str,
 }
@@ -73,7 +70,7 @@ pub(super) struct StoreThread {
 
 impl StoreThread {
     pub(super) fn spawn(name: &str, conn: Connection, chore: Chore) -> Result<Self> {
-        let serving = move |jobs: Queue<Job>| serve(conn, &jobs, chore);
+        let serving = move |jobs: Queue<Job>| serve(conn, &jobs, &chore);
         let thread = OwnedThread::spawn(name, QUEUE_CAPACITY, serving)
             .map_err(|e| StoreError::Unavailable(format!("sqlite: cannot start a thread: {e}")))?;
         Ok(Self { thread })
@@ -134,7 +131,7 @@ fn stopped() -> StoreError {
 
 /// The thread's loop: jobs in arrival order, the chore when due, until the
 /// channel closes (the store was dropped) and the queue is empty.
-fn serve(mut conn: Connection, jobs: &Queue<Job>, mut chore: Chore) {
+fn serve(mut conn: Connection, jobs: &Queue<Job>, chore: &Chore) {
     let mut due = Instant::now() + chore.every;
     loop {
         let now = Instant::now();
@@ -250,7 +247,7 @@ mod tests {
     fn idle_chore() -> Chore {
         Chore {
             every: Duration::from_secs(3600),
-            round: Box::new(|_| Ok(false)),
+            round: |_| Ok(false),
             failure: "test chore failed",
         }
     }
@@ -335,7 +332,7 @@ mod tests {
         let chore = Chore {
             every: Duration::from_millis(10),
             // Three rounds back to back, then nothing for an hour.
-            round: Box::new(|_| Ok(ROUNDS.fetch_add(1, Ordering::SeqCst) < 2)),
+            round: |_| Ok(ROUNDS.fetch_add(1, Ordering::SeqCst) < 2),
             failure: "test chore failed",
         };
         let conn = Connection::open_in_memory().unwrap();

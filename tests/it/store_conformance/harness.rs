@@ -22,9 +22,6 @@ use crate::support::store_server::StoreServer;
 pub const LONG: Duration = Duration::from_secs(30);
 /// A retention no test outlives.
 pub const RETAIN: Duration = Duration::from_secs(3600);
-/// How long the sqlite store keeps a row after its claim: the lease plus
-/// the longest retention, as the config builds it.
-pub const KEEP: Duration = LONG.saturating_add(RETAIN);
 /// Bound of one redis operation in these tests.
 pub const REDIS_OP_TIMEOUT: Duration = Duration::from_secs(2);
 pub const REDIS_PREFIX: &str = "hookgate-test";
@@ -81,9 +78,7 @@ impl Harness for SqliteHarness {
     async fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("hookgate.db");
-        let store = SqliteStore::open(&path, KEEP)
-            .await
-            .expect("open sqlite store");
+        let store = SqliteStore::open(&path).await.expect("open sqlite store");
         Self {
             _dir: dir,
             path,
@@ -97,7 +92,7 @@ impl Harness for SqliteHarness {
 
     async fn replica(&self) -> Arc<SqliteStore> {
         Arc::new(
-            SqliteStore::open(&self.path, KEEP)
+            SqliteStore::open(&self.path)
                 .await
                 .expect("open sqlite replica"),
         )

@@ -7,19 +7,19 @@ use hookgate::store::{
     Backend, BackendSettings, Claim, Existing, SqliteStore, Store, StoreError, StoreSettings,
 };
 
-use super::harness::{KEEP, LONG, completes, fresh, key, snapshot};
+use super::harness::{LONG, completes, fresh, key, snapshot};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn remembers_keys_after_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hookgate.db");
-    let store = SqliteStore::open(&path, KEEP).await.unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
     let token = fresh(store.claim(&key("done"), "fp-a", LONG).await.unwrap());
     assert!(completes(&store, &key("done"), &token, &snapshot()).await);
     let held = fresh(store.claim(&key("held"), "fp-b", LONG).await.unwrap());
     drop(store);
 
-    let store = SqliteStore::open(&path, KEEP).await.unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
     let claim = store.claim(&key("done"), "fp-a", LONG).await.unwrap();
     assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
     let claim = store.claim(&key("held"), "fp-b", LONG).await.unwrap();
@@ -35,7 +35,7 @@ async fn remembers_keys_after_reopen() {
 async fn file_is_wal_with_the_documented_table() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hookgate.db");
-    let _store = SqliteStore::open(&path, KEEP).await.unwrap();
+    let _store = SqliteStore::open(&path).await.unwrap();
 
     let conn = rusqlite::Connection::open(&path).unwrap();
     let mode: String = conn
@@ -53,32 +53,23 @@ async fn file_is_wal_with_the_documented_table() {
     assert_eq!(primary_key, ["provider", "provider_event_id"]);
 }
 
-/// The rows' ids in rowid order, read from the file itself.
-fn ids_on_disk(path: &std::path::Path) -> Vec<String> {
-    let conn = rusqlite::Connection::open(path).unwrap();
-    conn.prepare("SELECT provider_event_id FROM processed_events ORDER BY rowid")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn purge_deletes_rows_claimed_longer_than_keep_ago_only() {
+async fn purge_deletes_expired_rows_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hookgate.db");
-    let keep = Duration::from_millis(200);
-    let store = SqliteStore::open(&path, keep).await.unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
     let short = Duration::from_millis(100);
     fresh(store.claim(&key("lapsed"), "fp", short).await.unwrap());
-    let token = fresh(store.claim(&key("retired"), "fp", short).await.unwrap());
+    let token = fresh(store.claim(&key("retired"), "fp", LONG).await.unwrap());
     assert!(
         store
             .complete(&key("retired"), &token, &snapshot(), short)
             .await
             .unwrap()
     );
+    // Claimed before the bulk: a live row at the head of the table is
+    // neither purged nor in the way of the rows behind it.
+    fresh(store.claim(&key("live"), "fp", LONG).await.unwrap());
     for i in 0..1200 {
         fresh(
             store
@@ -88,50 +79,25 @@ async fn purge_deletes_rows_claimed_longer_than_keep_ago_only() {
         );
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let token = fresh(store.claim(&key("live"), "fp", LONG).await.unwrap());
-    assert!(completes(&store, &key("live"), &token, &snapshot()).await);
 
     // More than two batches: the purge loops until none is left.
     assert_eq!(store.purge_expired().await.unwrap(), 1202);
-    assert_eq!(ids_on_disk(&path), ["live"]);
-    let claim = store.claim(&key("live"), "fp", LONG).await.unwrap();
-    assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
-}
-
-/// The purge walks rows in rowid order and stops at the first one still
-/// young, so it never reads the live part of the table; a row placed out
-/// of order (a clock stepped back) waits for a later purge.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn purge_stops_at_the_first_young_row() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hookgate.db");
-    let store = SqliteStore::open(&path, Duration::from_secs(3600))
-        .await
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let ids: Vec<String> = conn
+        .prepare("SELECT provider_event_id FROM processed_events")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
         .unwrap();
-    {
-        let c = rusqlite::Connection::open(&path).unwrap();
-        c.execute_batch(
-            "INSERT INTO processed_events (provider, provider_event_id, state, fingerprint,
-                 response_status, expires_at, received_at)
-             VALUES ('stripe', 'old_1', 'completed', 'fp', 200, 0, 0),
-                    ('stripe', 'old_2', 'completed', 'fp', 200, 0, 0),
-                    ('stripe', 'young', 'completed', 'fp', 200, 9999999999999,
-                     unixepoch('subsec') * 1000),
-                    ('stripe', 'old_3', 'completed', 'fp', 200, 0, 0);",
-        )
-        .unwrap();
-    }
-    assert_eq!(store.purge_expired().await.unwrap(), 2);
-    assert_eq!(ids_on_disk(&path), ["young", "old_3"]);
-    // Dead by its `expires_at` all the same.
-    assert_eq!(store.get(&key("old_3")).await.unwrap(), None);
+    assert_eq!(ids, ["live"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn missing_directory_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("no-such-dir").join("hookgate.db");
-    let err = SqliteStore::open(&path, KEEP)
+    let err = SqliteStore::open(&path)
         .await
         .err()
         .expect("open must fail");
@@ -148,7 +114,7 @@ async fn damaged_file_is_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hookgate.db");
     std::fs::write(&path, [0x5a_u8; 4096]).unwrap();
-    let err = SqliteStore::open(&path, KEEP)
+    let err = SqliteStore::open(&path)
         .await
         .err()
         .expect("open must fail");
@@ -161,7 +127,6 @@ async fn opens_through_store_settings() {
     let settings = StoreSettings {
         backend: BackendSettings::Sqlite {
             path: dir.path().join("hookgate.db"),
-            keep: KEEP,
         },
         op_timeout: Duration::from_secs(2),
     };
@@ -173,7 +138,8 @@ async fn opens_through_store_settings() {
 
 /// A file written before snapshots said whether they were truncated gains
 /// the column at open, and its rows read as whole answers; the index on
-/// `expires_at` it had (the purge's, before the purge went by rowid) goes.
+/// `expires_at` it had goes (the purge reads rows by rowid now), and its
+/// live rows, however old their claim, stay through a purge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_file_from_before_the_truncated_column_is_upgraded() {
     let dir = tempfile::tempdir().unwrap();
@@ -190,11 +156,11 @@ async fn a_file_from_before_the_truncated_column_is_upgraded() {
                 PRIMARY KEY (provider, provider_event_id));
              CREATE INDEX processed_events_expires_at ON processed_events (expires_at);
              INSERT INTO processed_events VALUES ('stripe', 'old', 'completed', NULL, 'fp', 200,
-                'text/plain', x'6f6b', NULL, 9999999999999, unixepoch('subsec') * 1000);",
+                'text/plain', x'6f6b', NULL, 9999999999999, 0);",
         )
         .unwrap();
     }
-    let store = SqliteStore::open(&path, KEEP).await.unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
     let indexes: Vec<String> = rusqlite::Connection::open(&path)
         .unwrap()
         .prepare("SELECT name FROM pragma_index_list('processed_events') WHERE origin = 'c'")
@@ -204,6 +170,7 @@ async fn a_file_from_before_the_truncated_column_is_upgraded() {
         .collect::<Result<_, _>>()
         .unwrap();
     assert_eq!(indexes, Vec::<String>::new());
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
     match store.claim(&key("old"), "fp", LONG).await.unwrap() {
         Claim::Existing(Existing::Completed(s)) => {
             assert_eq!(
@@ -220,7 +187,7 @@ async fn a_file_from_before_the_truncated_column_is_upgraded() {
     let token = fresh(store.claim(&key("new"), "fp", LONG).await.unwrap());
     assert!(completes(&store, &key("new"), &token, &cut).await);
     drop(store);
-    let store = SqliteStore::open(&path, KEEP).await.unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
     let claim = store.claim(&key("new"), "fp", LONG).await.unwrap();
     assert_eq!(claim, Claim::Existing(Existing::Completed(cut)));
 }
