@@ -42,15 +42,23 @@ async fn file_is_wal_with_the_documented_table() {
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .unwrap();
     assert_eq!(mode, "wal");
-    let mut stmt = conn
-        .prepare("SELECT name FROM pragma_table_info('processed_events') WHERE pk > 0 ORDER BY pk")
-        .unwrap();
-    let primary_key: Vec<String> = stmt
+    let primary_key = texts(
+        &path,
+        "SELECT name FROM pragma_table_info('processed_events') WHERE pk > 0 ORDER BY pk",
+    );
+    assert_eq!(primary_key, ["provider", "provider_event_id"]);
+}
+
+/// The first column of every row `sql` selects, read from the file itself.
+fn texts(path: &std::path::Path, sql: &str) -> Vec<String> {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .prepare(sql)
+        .unwrap()
         .query_map([], |r| r.get(0))
         .unwrap()
         .collect::<Result<_, _>>()
-        .unwrap();
-    assert_eq!(primary_key, ["provider", "provider_event_id"]);
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -82,14 +90,7 @@ async fn purge_deletes_expired_rows_only() {
 
     // More than two batches: the purge loops until none is left.
     assert_eq!(store.purge_expired().await.unwrap(), 1202);
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    let ids: Vec<String> = conn
-        .prepare("SELECT provider_event_id FROM processed_events")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let ids = texts(&path, "SELECT provider_event_id FROM processed_events");
     assert_eq!(ids, ["live"]);
 }
 
@@ -161,14 +162,10 @@ async fn a_file_from_before_the_truncated_column_is_upgraded() {
         .unwrap();
     }
     let store = SqliteStore::open(&path).await.unwrap();
-    let indexes: Vec<String> = rusqlite::Connection::open(&path)
-        .unwrap()
-        .prepare("SELECT name FROM pragma_index_list('processed_events') WHERE origin = 'c'")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
+    let indexes = texts(
+        &path,
+        "SELECT name FROM pragma_index_list('processed_events') WHERE origin = 'c'",
+    );
     assert_eq!(indexes, Vec::<String>::new());
     assert_eq!(store.purge_expired().await.unwrap(), 0);
     match store.claim(&key("old"), "fp", LONG).await.unwrap() {
