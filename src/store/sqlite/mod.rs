@@ -133,7 +133,7 @@ impl SqliteStore {
         .map_err(task_failed)??;
         let purge = Chore {
             every: PURGE_INTERVAL,
-            round: |c| Ok(purge_batch(c)? > 0),
+            round: |c| Ok(purge_batch(c, pass_cutoff(now_ms()))? > 0),
             failure: "sqlite store: purging expired rows failed",
         };
         Ok(Self {
@@ -147,14 +147,16 @@ impl SqliteStore {
         })
     }
 
-    /// Deletes expired rows now, in batches, as far as the purge reaches
-    /// (see `purge_batch`); returns how many. The store's thread does this
-    /// on its own every 30 s.
+    /// Deletes the rows expired by now, in batches, as far as the purge
+    /// reaches (see `purge_batch`); returns how many. The store's thread
+    /// does this on its own every 30 s, for the rows expired by the last
+    /// whole 30 s (`pass_cutoff`).
     pub async fn purge_expired(&self) -> Result<u64> {
+        let cutoff = now_ms();
         let mut total = 0;
         loop {
             // One job per batch, so claims queued meanwhile interleave.
-            let deleted = self.run(purge_batch).await?;
+            let deleted = self.run(move |c| purge_batch(c, cutoff)).await?;
             total += deleted as u64;
             if deleted == 0 {
                 return Ok(total);
@@ -229,31 +231,43 @@ fn open_connection(path: &Path) -> Result<Connection> {
     })
 }
 
-/// Deletes the expired rows among the oldest `PURGE_BATCH` (by rowid);
-/// returns how many.
+/// The background purge's cutoff: rows expired by the last whole
+/// `PURGE_INTERVAL`. Every round of a pass uses the same one, so a pass
+/// ends when a round finds nothing, even while rows go on expiring under
+/// load (with each round's own time, nearly every round would find a row
+/// or two, and the next would run at once, between every two batches of
+/// jobs). A row waits at most one interval more; reads check the time
+/// themselves.
+fn pass_cutoff(now: i64) -> i64 {
+    let interval = i64::try_from(PURGE_INTERVAL.as_millis()).unwrap_or(i64::MAX);
+    now - now.rem_euclid(interval)
+}
+
+/// Deletes the rows expired by `cutoff` among the oldest `PURGE_BATCH` (by
+/// rowid), then delivered outbox jobs past `cutoff`, up to the rest of the
+/// batch; returns how many of both.
 ///
 /// With no index on `expires_at`, the purge reads rows in rowid order: a
 /// claim inserts its row with the next rowid, so that is the order of
-/// their claims, and rows mostly expire in it. Each batch reads at most
-/// `PURGE_BATCH` rows, so a table of millions of live rows costs the purge
-/// nothing, and a row is deleted only once its own `expires_at` has
-/// passed. A live row stays where it is and the batch goes on past it; a
+/// their claims, and rows mostly expire in it. Each round reads at most
+/// `PURGE_BATCH` rows, however large the table, and deletes a row only
+/// once its own `expires_at` has passed. A live row stays, and the round
+/// still deletes the expired rows behind it within its `PURGE_BATCH`; a
 /// row that expires sooner than rows claimed before it (a provider with a
-/// shorter retention, a lease never completed) can wait in the file, read
-/// as absent, until `PURGE_BATCH` older live rows ahead of it have expired
-/// too: at most the longest retention late.
-fn purge_batch(c: &mut Connection) -> Result<usize> {
-    let now = now_ms();
+/// shorter retention, a lease never completed) reads as absent, and can
+/// wait in the file until fewer than `PURGE_BATCH` live rows are ahead of
+/// it: at most the longest retention late.
+fn purge_batch(c: &mut Connection, cutoff: i64) -> Result<usize> {
     let mut stmt = c.prepare_cached(
         "DELETE FROM processed_events
          WHERE rowid IN (SELECT rowid FROM processed_events ORDER BY rowid LIMIT ?2)
            AND expires_at <= ?1",
     )?;
-    let events = stmt.execute(params![now, PURGE_BATCH as i64])?;
+    let events = stmt.execute(params![cutoff, PURGE_BATCH as i64])?;
     drop(stmt);
     // Delivered jobs go with their dedupe entries; pending and dead ones
     // stay until delivered or purged by an operator.
-    let jobs = outbox::purge_batch(c, now, (PURGE_BATCH - events) as i64)?;
+    let jobs = outbox::purge_batch(c, cutoff, (PURGE_BATCH - events) as i64)?;
     Ok(events + jobs)
 }
 
@@ -489,4 +503,20 @@ fn task_failed(err: tokio::task::JoinError) -> StoreError {
 /// `now + ttl` in unix milliseconds, saturating.
 fn after(now: i64, ttl: Duration) -> i64 {
     now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pass's rounds share one cutoff: the start of the current interval.
+    #[test]
+    fn the_purge_cutoff_stays_put_for_a_whole_interval() {
+        let interval = i64::try_from(PURGE_INTERVAL.as_millis()).unwrap();
+        let start = 1_800_000_000_000 - 1_800_000_000_000 % interval;
+        for now in [start, start + 1, start + interval / 2, start + interval - 1] {
+            assert_eq!(pass_cutoff(now), start, "at {now}");
+        }
+        assert_eq!(pass_cutoff(start + interval), start + interval);
+    }
 }
