@@ -5,6 +5,7 @@
 //! `complete` and `release` act only while the caller's token still owns the
 //! key, so a holder whose lease expired can never overwrite a newer one.
 
+mod clock;
 mod memory;
 pub mod outbox;
 mod postgres;
@@ -15,7 +16,7 @@ use std::fmt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -324,15 +325,6 @@ dispatching! {
     get(key: &ScopedKey) -> Option<KeyRecord>;
     forget(key: &ScopedKey) -> bool;
     ping() -> ();
-}
-
-/// The wall clock in unix milliseconds, as the stores write lease ends and
-/// expiries (a clock before 1970 reads as 0).
-fn now_ms() -> i64 {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

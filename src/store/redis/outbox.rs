@@ -54,12 +54,13 @@ use std::time::Duration;
 
 use futures_util::future::{join_all, try_join_all};
 
-use self::rows::{Row, job, ms, number, summary, text, time};
+use self::rows::{Row, job, number, summary, text};
 use self::scripts::SCRIPTS;
 pub(super) use self::shard::Shard;
 use self::shard::share;
 use super::{Fields, RedisStore, decode_tagged, millis};
 use crate::store::Result;
+use crate::store::clock::{from_unix_ms, unix_ms};
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, Job, JobFilter, JobState, JobSummary, Outbox, Settle,
 };
@@ -244,7 +245,7 @@ impl Outbox for RedisStore {
             d.leased += number::<u64>(next(), "leased")?;
             d.dead += number::<u64>(next(), "dead")?;
             if let Some(oldest) = next() {
-                let oldest = time(number(Some(oldest), "received time")?);
+                let oldest = from_unix_ms(number(Some(oldest), "received time")?);
                 d.oldest_pending = Some(d.oldest_pending.map_or(oldest, |t| t.min(oldest)));
             }
         }
@@ -323,10 +324,12 @@ impl RedisStore {
         let exact = |v: &Option<String>| v.as_ref().map(|v| format!("={v}")).unwrap_or_default();
         let (provider, key) = (exact(&filter.provider), exact(&filter.key));
         let state = filter.state.map(JobState::as_str).unwrap_or("");
-        let low = filter.since.map_or("-inf".into(), |t| ms(t).to_string());
+        let low = filter
+            .since
+            .map_or("-inf".into(), |t| unix_ms(t).to_string());
         let high = filter
             .before
-            .map_or("+inf".into(), |t| format!("({}", ms(t)));
+            .map_or("+inf".into(), |t| format!("({}", unix_ms(t)));
         let limit = if op == "list" {
             i64::try_from(limit).unwrap_or(i64::MAX)
         } else {

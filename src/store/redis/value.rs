@@ -14,7 +14,8 @@
 
 use std::time::Duration;
 
-use super::super::{Existing, LeaseToken, Result, Snapshot, StoreError, now_ms};
+use super::super::clock::now_ms;
+use super::super::{Existing, LeaseToken, Result, Snapshot, StoreError};
 
 // The values are joined from their parts rather than `format!`ted: every
 // claim and mark builds them, and the formatting machinery cost more than

@@ -18,10 +18,9 @@ use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, pa
 
 use self::checkpoint::CheckpointThread;
 use self::store_thread::{Chore, StoreThread};
-use super::{
-    Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError, now_ms,
-};
+use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 use crate::store::Result;
+use crate::store::clock::{now_ms, span_ms};
 
 /// `expires_at` is the lease end while in flight and the retention end once
 /// completed: every read checks it, and so does the purge. It has no
@@ -239,7 +238,7 @@ fn open_connection(path: &Path) -> Result<Connection> {
 /// jobs). A row waits at most one interval more; reads check the time
 /// themselves.
 fn pass_cutoff(now: i64) -> i64 {
-    let interval = i64::try_from(PURGE_INTERVAL.as_millis()).unwrap_or(i64::MAX);
+    let interval = span_ms(PURGE_INTERVAL);
     now - now.rem_euclid(interval)
 }
 
@@ -502,7 +501,7 @@ fn task_failed(err: tokio::task::JoinError) -> StoreError {
 
 /// `now + ttl` in unix milliseconds, saturating.
 fn after(now: i64, ttl: Duration) -> i64 {
-    now.saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX))
+    now.saturating_add(span_ms(ttl))
 }
 
 #[cfg(test)]
@@ -512,7 +511,7 @@ mod tests {
     /// A pass's rounds share one cutoff: the start of the current interval.
     #[test]
     fn the_purge_cutoff_stays_put_for_a_whole_interval() {
-        let interval = i64::try_from(PURGE_INTERVAL.as_millis()).unwrap();
+        let interval = span_ms(PURGE_INTERVAL);
         let start = 1_800_000_000_000 - 1_800_000_000_000 % interval;
         for now in [start, start + 1, start + interval / 2, start + interval - 1] {
             assert_eq!(pass_cutoff(now), start, "at {now}");

@@ -2,13 +2,14 @@
 //! `processed_events`, written in the same transaction as the dedupe
 //! entries it belongs to.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::types::Value;
 use rusqlite::{Connection, Row as SqlRow, TransactionBehavior, params, params_from_iter};
 
-use super::{SqliteStore, after, now_ms, select_live};
+use super::{SqliteStore, after, select_live};
 use crate::store::Result;
+use crate::store::clock::{from_unix_ms, now_ms, unix_ms};
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, FilterValue, Job, JobFilter, JobState, JobSummary,
     NewJob, Outbox, Settle,
@@ -98,7 +99,7 @@ impl Outbox for SqliteStore {
                         headers: r.get::<_, Vec<u8>>(5)?.into(),
                         body: r.get::<_, Vec<u8>>(6)?.into(),
                     },
-                    received_at: time(r.get(7)?),
+                    received_at: from_unix_ms(r.get(7)?),
                     attempt: r.get(8)?,
                     token: token.clone(),
                 })
@@ -198,7 +199,7 @@ impl Outbox for SqliteStore {
                     pending: r.get::<_, i64>(1)?.max(0) as u64,
                     leased: r.get::<_, i64>(2)?.max(0) as u64,
                     dead: r.get::<_, i64>(3)?.max(0) as u64,
-                    oldest_pending: r.get::<_, Option<i64>>(4)?.map(time),
+                    oldest_pending: r.get::<_, Option<i64>>(4)?.map(from_unix_ms),
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -273,7 +274,7 @@ fn filter_sql(filter: &JobFilter) -> (String, Vec<Value>) {
     let (clause, values) = filter.to_sql(|n| format!("?{n}"));
     let args = values.into_iter().map(|v| match v {
         FilterValue::Text(text) => Value::Text(text),
-        FilterValue::Time(t) => Value::Integer(millis(t)),
+        FilterValue::Time(t) => Value::Integer(unix_ms(t)),
     });
     (clause, args.collect())
 }
@@ -285,18 +286,9 @@ fn summary(r: &SqlRow<'_>) -> rusqlite::Result<JobSummary> {
         key: ScopedKey::new(r.get::<_, String>(1)?, r.get::<_, String>(2)?),
         state: JobState::parse(&state).unwrap_or(JobState::Pending),
         attempts: r.get(4)?,
-        received_at: time(r.get(5)?),
-        due_at: time(r.get(6)?),
+        received_at: from_unix_ms(r.get(5)?),
+        due_at: from_unix_ms(r.get(6)?),
         last_status: r.get(7)?,
         last_error: r.get(8)?,
     })
-}
-
-fn time(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-fn millis(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

@@ -1,9 +1,8 @@
 //! Decoding what the outbox scripts answer.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
 use super::super::Fields;
 use crate::store::Result;
+use crate::store::clock::from_unix_ms;
 use crate::store::outbox::{Job, JobState, JobSummary, NewJob};
 use crate::store::{LeaseToken, ScopedKey, StoreError};
 
@@ -26,7 +25,7 @@ pub(super) fn job(row: Row, token: &LeaseToken) -> Result<Job> {
         id,
         key,
         job,
-        received_at: time(number(next(), "received time")?),
+        received_at: from_unix_ms(number(next(), "received time")?),
         attempt,
         token: token.clone(),
     })
@@ -44,8 +43,8 @@ pub(super) fn summary(row: Row) -> Result<JobSummary> {
         state: JobState::parse(&state)
             .ok_or_else(|| StoreError::Corrupt("redis: a job in no known state".into()))?,
         attempts: number(next(), "attempts")?,
-        received_at: time(number(next(), "received time")?),
-        due_at: time(number(next(), "due time")?),
+        received_at: from_unix_ms(number(next(), "received time")?),
+        due_at: from_unix_ms(number(next(), "due time")?),
         last_status: next().map(|s| number(Some(s), "status")).transpose()?,
         last_error: next().map(|e| text(Some(e), "error")).transpose()?,
     })
@@ -60,13 +59,4 @@ pub(super) fn number<T: std::str::FromStr>(field: Option<Vec<u8>>, name: &str) -
     text(field, name)?
         .parse()
         .map_err(|_| StoreError::Corrupt(format!("redis: a job's {name} is not a number")))
-}
-
-pub(super) fn time(ms: i64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-pub(super) fn ms(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

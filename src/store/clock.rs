@@ -1,0 +1,42 @@
+//! The stores' one spelling of time: unix milliseconds, as they write lease
+//! ends, expiries and outbox times (SQLite integers, Redis values and
+//! scores). Out-of-range values saturate rather than wrap, so a clock
+//! before 1970 reads as 0 and an unbounded span as `i64::MAX`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The wall clock in unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    unix_ms(SystemTime::now())
+}
+
+/// `t` in unix milliseconds.
+pub(crate) fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, span_ms)
+}
+
+/// The time `ms` unix milliseconds name (0 for a negative one).
+pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// A span in whole milliseconds.
+pub(crate) fn span_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip_and_saturate() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_800_000_000_123);
+        assert_eq!(unix_ms(t), 1_800_000_000_123);
+        assert_eq!(from_unix_ms(unix_ms(t)), t);
+        assert_eq!(unix_ms(UNIX_EPOCH - Duration::from_secs(5)), 0);
+        assert_eq!(from_unix_ms(-5), UNIX_EPOCH);
+        assert_eq!(span_ms(Duration::MAX), i64::MAX);
+        assert_eq!(span_ms(Duration::from_micros(2_999)), 2);
+    }
+}
