@@ -1,7 +1,7 @@
-//! The stores' one spelling of time: unix milliseconds, as they write lease
-//! ends, expiries and outbox times (SQLite integers, Redis values and
-//! scores). Out-of-range values saturate rather than wrap, so a clock
-//! before 1970 reads as 0 and an unbounded span as `i64::MAX`.
+//! Unix milliseconds, as the sqlite and redis stores write lease ends,
+//! expiries and outbox times (SQLite integers, Redis values and scores).
+//! Out-of-range values saturate rather than wrap: a clock before 1970 reads
+//! as 0, and a span past `i64::MAX` milliseconds as `i64::MAX`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -15,7 +15,7 @@ pub(crate) fn unix_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH).map_or(0, span_ms)
 }
 
-/// The time `ms` unix milliseconds name (0 for a negative one).
+/// The time `ms` unix milliseconds name (the epoch for a negative one).
 pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
@@ -23,6 +23,11 @@ pub(crate) fn from_unix_ms(ms: i64) -> SystemTime {
 /// A span in whole milliseconds.
 pub(crate) fn span_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `now + span` in unix milliseconds: a lease's end, an expiry.
+pub(crate) fn after(now: i64, span: Duration) -> i64 {
+    now.saturating_add(span_ms(span))
 }
 
 #[cfg(test)]
@@ -38,5 +43,7 @@ mod tests {
         assert_eq!(from_unix_ms(-5), UNIX_EPOCH);
         assert_eq!(span_ms(Duration::MAX), i64::MAX);
         assert_eq!(span_ms(Duration::from_micros(2_999)), 2);
+        assert_eq!(after(1_000, Duration::from_secs(2)), 3_000);
+        assert_eq!(after(1_000, Duration::MAX), i64::MAX);
     }
 }

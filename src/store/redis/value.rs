@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use super::super::clock::now_ms;
+use super::super::clock::{after, now_ms};
 use super::super::{Existing, LeaseToken, Result, Snapshot, StoreError};
 
 // The values are joined from their parts rather than `format!`ted: every
@@ -23,9 +23,7 @@ use super::super::{Existing, LeaseToken, Result, Snapshot, StoreError};
 
 /// The in-flight value a claim writes.
 pub fn in_flight(token: &LeaseToken, fingerprint: &str, lease: Duration) -> String {
-    let end = now_ms()
-        .unsigned_abs()
-        .saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+    let end = after(now_ms(), lease).unsigned_abs();
     let mut digits = itoa::Buffer::new();
     ["i", &token.0, ":", digits.format(end), ":", fingerprint].concat()
 }

@@ -20,7 +20,7 @@ use self::checkpoint::CheckpointThread;
 use self::store_thread::{Chore, StoreThread};
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 use crate::store::Result;
-use crate::store::clock::{now_ms, span_ms};
+use crate::store::clock::{after, now_ms, span_ms};
 
 /// `expires_at` is the lease end while in flight and the retention end once
 /// completed: every read checks it, and so does the purge. It has no
@@ -497,11 +497,6 @@ fn corrupt(detail: &str) -> StoreError {
 
 fn task_failed(err: tokio::task::JoinError) -> StoreError {
     StoreError::Unavailable(format!("sqlite task failed: {err}"))
-}
-
-/// `now + ttl` in unix milliseconds, saturating.
-fn after(now: i64, ttl: Duration) -> i64 {
-    now.saturating_add(span_ms(ttl))
 }
 
 #[cfg(test)]

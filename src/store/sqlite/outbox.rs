@@ -7,9 +7,9 @@ use std::time::Duration;
 use rusqlite::types::Value;
 use rusqlite::{Connection, Row as SqlRow, TransactionBehavior, params, params_from_iter};
 
-use super::{SqliteStore, after, select_live};
+use super::{SqliteStore, select_live};
 use crate::store::Result;
-use crate::store::clock::{from_unix_ms, now_ms, unix_ms};
+use crate::store::clock::{after, from_unix_ms, now_ms, unix_ms};
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, FilterValue, Job, JobFilter, JobState, JobSummary,
     NewJob, Outbox, Settle,
