@@ -17,23 +17,34 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::Notify;
 
-/// Work left for a core: in practice, a `oneshot::Sender::send`.
-type Answer = Box<dyn FnOnce() + Send>;
+/// Work left for a core: in practice, a job handed back to the task that
+/// waits for it (the sqlite store's, `store_thread`), which the core then
+/// frees: memory a core allocated goes back to its own arena.
+pub trait Answer: Send {
+    /// Runs on the core's thread.
+    fn deliver(self: Box<Self>);
+}
+
+impl<F: FnOnce() + Send> Answer for F {
+    fn deliver(self: Box<Self>) {
+        self()
+    }
+}
 
 /// One core's answers from other threads.
 #[derive(Default)]
 pub struct Inbox {
-    waiting: Mutex<Vec<Answer>>,
+    waiting: Mutex<Vec<Box<dyn Answer>>>,
     courier: Notify,
 }
 
 impl Inbox {
     /// Leaves `answer` to run on the core; the first answer since the
     /// courier last emptied the inbox wakes it.
-    pub fn leave(&self, answer: impl FnOnce() + Send + 'static) {
+    pub fn leave(&self, answer: Box<dyn Answer>) {
         let first = {
             let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-            waiting.push(Box::new(answer));
+            waiting.push(answer);
             waiting.len() == 1
         };
         if first {
@@ -56,7 +67,7 @@ impl Inbox {
                 std::mem::swap(&mut lot, &mut *waiting);
             }
             for answer in lot.drain(..) {
-                answer();
+                answer.deliver();
             }
         }
     }
@@ -84,9 +95,9 @@ mod tests {
             let leaving = Arc::clone(&inbox);
             let thread = std::thread::spawn(move || {
                 for (n, sender) in senders.into_iter().enumerate() {
-                    leaving.leave(move || {
+                    leaving.leave(Box::new(move || {
                         let _ = sender.send(n);
-                    });
+                    }));
                     if n % 7 == 0 {
                         std::thread::yield_now();
                     }

@@ -33,7 +33,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-pub use self::inbox::Inbox;
+pub use self::inbox::{Answer, Inbox};
 
 thread_local! {
     /// Which core's thread this is: 1 to N on a core's thread, 0 elsewhere.

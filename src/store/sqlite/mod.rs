@@ -14,6 +14,7 @@ mod store_thread;
 use std::path::Path;
 use std::time::Duration;
 
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ValueRef};
 use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
 
 use self::checkpoint::CheckpointThread;
@@ -100,7 +101,7 @@ pub struct SqliteStore {
 
 /// The columns every read needs, in `SELECT_LIVE` order.
 struct Row {
-    state: String,
+    state: State,
     fingerprint: String,
     lease_expires_at: Option<i64>,
     status: Option<i64>,
@@ -108,6 +109,25 @@ struct Row {
     body: Option<Vec<u8>>,
     truncated: bool,
     expires_at: i64,
+}
+
+/// The `state` column, read without a `String` of its own (the schema's
+/// CHECK allows these two; another value is a damaged file).
+enum State {
+    InFlight,
+    Completed,
+}
+
+impl FromSql for State {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        match value.as_str()? {
+            "in_flight" => Ok(Self::InFlight),
+            "completed" => Ok(Self::Completed),
+            other => Err(FromSqlError::Other(
+                format!("unknown state {other:?}").into(),
+            )),
+        }
+    }
 }
 
 const SELECT_LIVE: &str = "
@@ -165,7 +185,7 @@ impl SqliteStore {
 
     async fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T> + Send + 'static,
+        f: impl FnMut(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         self.thread.run(f).await
     }
@@ -309,8 +329,8 @@ fn complete_in(
 fn claim_in(c: &Connection, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
     let now = now_ms();
     if let Some(row) = select_live(c, key, now)? {
-        let stored = row.fingerprint.clone();
-        return Ok(Claim::held(&stored, fingerprint, row.existing(now)?));
+        let (stored, existing) = row.split(now)?;
+        return Ok(Claim::held(&stored, fingerprint, existing));
     }
     let token = LeaseToken::generate();
     let lease_end = after(now, lease);
@@ -350,30 +370,31 @@ fn select_live(c: &Connection, key: &ScopedKey, now: i64) -> Result<Option<Row>>
 }
 
 impl Row {
-    fn existing(self, now: i64) -> Result<Existing> {
-        match self.state.as_str() {
-            "in_flight" => {
+    /// The stored fingerprint, and what the row says of its key.
+    fn split(self, now: i64) -> Result<(String, Existing)> {
+        let existing = match self.state {
+            State::InFlight => {
                 let remaining = self.lease_expires_at.unwrap_or(now).saturating_sub(now);
                 // Retry-After has a one-second resolution: never say zero.
                 let remaining = Duration::from_millis(u64::try_from(remaining).unwrap_or(0));
-                Ok(Existing::InFlight {
+                Existing::InFlight {
                     retry_after: remaining.max(Duration::from_secs(1)),
-                })
+                }
             }
-            "completed" => {
+            State::Completed => {
                 let status = self
                     .status
                     .and_then(|s| u16::try_from(s).ok())
                     .ok_or_else(|| corrupt("completed row without a valid status"))?;
-                Ok(Existing::Completed(Snapshot {
+                Existing::Completed(Snapshot {
                     status,
                     content_type: self.content_type,
                     body: self.body.unwrap_or_default().into(),
                     truncated: self.truncated,
-                }))
+                })
             }
-            other => Err(corrupt(&format!("unknown state {other:?}"))),
-        }
+        };
+        Ok((self.fingerprint, existing))
     }
 }
 
@@ -430,9 +451,8 @@ impl Backend for SqliteStore {
             let now = now_ms();
             select_live(c, &key, now)?
                 .map(|row| {
-                    let fingerprint = row.fingerprint.clone();
                     let left = u64::try_from(row.expires_at.saturating_sub(now)).unwrap_or(0);
-                    let state = row.existing(now)?;
+                    let (fingerprint, state) = row.split(now)?;
                     let expires_in = matches!(state, Existing::Completed(_))
                         .then(|| Duration::from_millis(left));
                     Ok(KeyRecord {

@@ -114,14 +114,14 @@ impl Outbox for SqliteStore {
         let token = token.clone();
         self.run(move |c| {
             let now = now_ms();
-            let (state, due, status, error) = match settle {
-                Settle::Delivered { status } => ("delivered", now, Some(status), None),
+            let (state, due, status, error) = match &settle {
+                Settle::Delivered { status } => ("delivered", now, Some(*status), None),
                 Settle::Retry {
                     after: wait,
                     status,
                     error,
-                } => ("pending", after(now, wait), status, Some(error)),
-                Settle::Dead { status, error } => ("dead", now, status, Some(error)),
+                } => ("pending", after(now, *wait), *status, Some(error)),
+                Settle::Dead { status, error } => ("dead", now, *status, Some(error)),
             };
             let changed = c
                 .prepare_cached(
@@ -217,8 +217,8 @@ fn accept_in(c: &Connection, items: &[Accept], policy: &AcceptPolicy) -> Result<
         let outcome = match select_live(c, &item.key, now)? {
             None => Accepted::Enqueued,
             Some(row) => {
-                let stored = row.fingerprint.clone();
-                Accepted::found(&stored, &item.fingerprint, row.existing(now)?)
+                let (stored, existing) = row.split(now)?;
+                Accepted::found(&stored, &item.fingerprint, existing)
             }
         };
         blocked |= outcome.blocks(policy);
