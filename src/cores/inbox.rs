@@ -25,12 +25,6 @@ pub trait Answer: Send {
     fn deliver(self: Box<Self>);
 }
 
-impl<F: FnOnce() + Send> Answer for F {
-    fn deliver(self: Box<Self>) {
-        self()
-    }
-}
-
 /// One core's answers from other threads.
 #[derive(Default)]
 pub struct Inbox {
@@ -79,6 +73,15 @@ mod tests {
 
     use tokio::sync::oneshot;
 
+    /// An answer that sends its number.
+    struct Numbered(usize, oneshot::Sender<usize>);
+
+    impl Answer for Numbered {
+        fn deliver(self: Box<Self>) {
+            let _ = self.1.send(self.0);
+        }
+    }
+
     /// Answers left from another thread reach the core's tasks, however
     /// they interleave with the courier's hand-overs.
     #[test]
@@ -95,9 +98,7 @@ mod tests {
             let leaving = Arc::clone(&inbox);
             let thread = std::thread::spawn(move || {
                 for (n, sender) in senders.into_iter().enumerate() {
-                    leaving.leave(Box::new(move || {
-                        let _ = sender.send(n);
-                    }));
+                    leaving.leave(Box::new(Numbered(n, sender)));
                     if n % 7 == 0 {
                         std::thread::yield_now();
                     }
