@@ -60,6 +60,13 @@ pub fn become_core(core: usize) {
     CORE.with(|c| c.set(core));
 }
 
+/// Gives the calling thread `inbox` as its core's, for tests of answers
+/// handed to a core (its courier, `Inbox::deliver`, is the test's to run).
+#[cfg(test)]
+pub fn use_inbox(inbox: Arc<Inbox>) {
+    INBOX.with(|i| *i.borrow_mut() = Some(inbox));
+}
+
 /// How many cores this process may use (the cgroup's CPU quota counts),
 /// read once: the per-core pools and lanes (`crate::upstream`,
 /// `crate::store::redis`) are sized by it, and a core's index is at most

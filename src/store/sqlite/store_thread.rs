@@ -34,11 +34,11 @@ struct Batched(bool);
 
 /// An operation queued for the store's thread, with its caller's answer.
 ///
-/// A job is one allocation, made by the caller's core, and the thread
-/// hands the whole of it back (`answer`) instead of dropping it: the
-/// operation's captures (key, fingerprint, snapshot) and the job itself
-/// are freed by the core that allocated them, and the answer needs no
-/// allocation of its own. Freed on the store's thread, memory from the
+/// A job is one allocation besides its oneshot, both made by the
+/// caller's core, and the thread hands the whole of it back (`answer`)
+/// instead of dropping it: the operation's captures (key, fingerprint,
+/// snapshot) and the job itself are freed by the core that allocated
+/// them, and the answer needs no allocation of its own. Freed on the store's thread, memory from the
 /// cores' glibc arenas was a quarter of that thread's time per duplicate
 /// (docs/BENCHMARKS.md, The profile at `5134c02`).
 trait Job: Send {
@@ -339,6 +339,64 @@ mod tests {
         let caller = std::thread::current().id();
         assert_ne!(on_store_thread, caller);
         assert_eq!(*dropped.lock().unwrap(), Some(caller));
+    }
+
+    /// Jobs that ran in a batch come back through the caller's core's
+    /// inbox, and are dropped on the core.
+    #[tokio::test]
+    async fn a_batch_comes_back_through_the_cores_inbox() {
+        use std::sync::{Arc, Mutex};
+        use std::thread::ThreadId;
+        struct Witness(Arc<Mutex<Vec<ThreadId>>>);
+        impl Drop for Witness {
+            fn drop(&mut self) {
+                self.0.lock().unwrap().push(std::thread::current().id());
+            }
+        }
+        let inbox = Arc::new(crate::cores::Inbox::default());
+        crate::cores::use_inbox(Arc::clone(&inbox));
+        tokio::spawn(inbox.deliver());
+        let conn = Connection::open_in_memory().unwrap();
+        let thread = Arc::new(StoreThread::spawn("sqlite-t-inbox", conn, idle_chore()).unwrap());
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let held = Arc::clone(&thread);
+        let blocker = tokio::spawn(async move {
+            held.run(move |_| {
+                let _ = released.recv();
+                Ok(())
+            })
+            .await
+        });
+        let dropped = Arc::new(Mutex::new(Vec::new()));
+        let jobs: Vec<_> = (0..4)
+            .map(|_| {
+                let thread = Arc::clone(&thread);
+                let witness = Witness(Arc::clone(&dropped));
+                tokio::spawn(async move {
+                    thread
+                        .run(move |c| {
+                            let _kept = &witness;
+                            Ok(!c.is_autocommit())
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        let all = async {
+            blocker.await.unwrap().unwrap();
+            for job in jobs {
+                assert!(job.await.unwrap().unwrap(), "the job ran alone");
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), all)
+            .await
+            .expect("a batch's answer never came back through the inbox");
+        let caller = std::thread::current().id();
+        assert_eq!(*dropped.lock().unwrap(), vec![caller; 4]);
     }
 
     #[tokio::test]
