@@ -288,11 +288,43 @@ fn finish(conn: &mut Connection, ran: Vec<Box<dyn Job>>, failed: Option<StoreErr
 mod tests {
     use super::*;
 
+    use std::sync::{Arc, Mutex};
+    use std::thread::ThreadId;
+
     fn idle_chore() -> Chore {
         Chore {
             every: Duration::from_secs(3600),
             round: |_| Ok(false),
             failure: "test chore failed",
+        }
+    }
+
+    /// Holds the store's thread with a job that waits for the returned
+    /// sender, so that the next jobs queue up behind it.
+    fn hold(
+        thread: &Arc<StoreThread>,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        tokio::task::JoinHandle<Result<()>>,
+    ) {
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let held = Arc::clone(thread);
+        let blocker = tokio::spawn(async move {
+            held.run(move |_| {
+                let _ = released.recv();
+                Ok(())
+            })
+            .await
+        });
+        (release, blocker)
+    }
+
+    /// Records the thread it is dropped on.
+    struct Witness(Arc<Mutex<Vec<ThreadId>>>);
+
+    impl Drop for Witness {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().push(std::thread::current().id());
         }
     }
 
@@ -317,15 +349,7 @@ mod tests {
     /// by the store's thread.
     #[tokio::test]
     async fn the_operation_is_dropped_by_its_caller() {
-        use std::sync::{Arc, Mutex};
-        use std::thread::ThreadId;
-        struct Witness(Arc<Mutex<Option<ThreadId>>>);
-        impl Drop for Witness {
-            fn drop(&mut self) {
-                *self.0.lock().unwrap() = Some(std::thread::current().id());
-            }
-        }
-        let dropped = Arc::new(Mutex::new(None));
+        let dropped = Arc::new(Mutex::new(Vec::new()));
         let witness = Witness(Arc::clone(&dropped));
         let conn = Connection::open_in_memory().unwrap();
         let thread = StoreThread::spawn("sqlite-t-back", conn, idle_chore()).unwrap();
@@ -338,35 +362,19 @@ mod tests {
             .unwrap();
         let caller = std::thread::current().id();
         assert_ne!(on_store_thread, caller);
-        assert_eq!(*dropped.lock().unwrap(), Some(caller));
+        assert_eq!(*dropped.lock().unwrap(), [caller]);
     }
 
     /// Jobs that ran in a batch come back through the caller's core's
     /// inbox, and are dropped on the core.
     #[tokio::test]
     async fn a_batch_comes_back_through_the_cores_inbox() {
-        use std::sync::{Arc, Mutex};
-        use std::thread::ThreadId;
-        struct Witness(Arc<Mutex<Vec<ThreadId>>>);
-        impl Drop for Witness {
-            fn drop(&mut self) {
-                self.0.lock().unwrap().push(std::thread::current().id());
-            }
-        }
         let inbox = Arc::new(crate::cores::Inbox::default());
         crate::cores::use_inbox(Arc::clone(&inbox));
         tokio::spawn(inbox.deliver());
         let conn = Connection::open_in_memory().unwrap();
         let thread = Arc::new(StoreThread::spawn("sqlite-t-inbox", conn, idle_chore()).unwrap());
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let held = Arc::clone(&thread);
-        let blocker = tokio::spawn(async move {
-            held.run(move |_| {
-                let _ = released.recv();
-                Ok(())
-            })
-            .await
-        });
+        let (release, blocker) = hold(&thread);
         let dropped = Arc::new(Mutex::new(Vec::new()));
         let jobs: Vec<_> = (0..4)
             .map(|_| {
@@ -401,20 +409,10 @@ mod tests {
 
     #[tokio::test]
     async fn queued_jobs_commit_together_and_a_failing_one_rolls_back_alone() {
-        use std::sync::Arc;
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch("CREATE TABLE t (n INTEGER)").unwrap();
         let thread = Arc::new(StoreThread::spawn("sqlite-t-batch", conn, idle_chore()).unwrap());
-        // Hold the thread so that the next jobs queue up behind this one.
-        let (release, released) = std::sync::mpsc::channel::<()>();
-        let held = Arc::clone(&thread);
-        let blocker = tokio::spawn(async move {
-            held.run(move |_| {
-                let _ = released.recv();
-                Ok(())
-            })
-            .await
-        });
+        let (release, blocker) = hold(&thread);
         let inserts: Vec<_> = (1..=5)
             .map(|n: i64| {
                 let thread = Arc::clone(&thread);
