@@ -40,6 +40,40 @@ thread_local! {
     static CORE: Cell<usize> = const { Cell::new(0) };
     /// The core's inbox, on a core's thread.
     static INBOX: RefCell<Option<Arc<Inbox>>> = const { RefCell::new(None) };
+    /// Deliveries in flight on the core (`Delivering`), on a core's thread.
+    static DELIVERIES: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A delivery in flight on the calling core, counted until dropped; see
+/// [`alone`]. Off the cores nothing is counted. A core's tasks never
+/// leave its thread, so the count goes down on the thread it went up on.
+pub struct Delivering {
+    counted: bool,
+}
+
+impl Delivering {
+    pub fn start() -> Self {
+        let counted = current() != 0;
+        if counted {
+            DELIVERIES.with(|d| d.set(d.get() + 1));
+        }
+        Self { counted }
+    }
+}
+
+impl Drop for Delivering {
+    fn drop(&mut self) {
+        if self.counted {
+            DELIVERIES.with(|d| d.set(d.get().saturating_sub(1)));
+        }
+    }
+}
+
+/// Whether the caller is on a core with no delivery in flight but its
+/// own: the core has nothing else to do while the caller waits. False off
+/// the cores.
+pub fn alone() -> bool {
+    current() != 0 && DELIVERIES.with(Cell::get) <= 1
 }
 
 /// The core whose thread this is: 1 to N on a core's thread, 0 on the main

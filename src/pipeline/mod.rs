@@ -110,6 +110,7 @@ async fn deliver(
     req: Request<Incoming>,
     conn: Conn,
 ) -> Response<ProxyBody> {
+    let _delivering = crate::cores::Delivering::start();
     let provider = &gate.providers[index];
     let (head, incoming) = req.into_parts();
     let traceparent = head

@@ -143,10 +143,12 @@ impl SqliteStore {
     /// mistyped path until the data is found missing.
     pub async fn open(path: &Path) -> Result<Self> {
         let owned = path.to_owned();
-        let (serving, checkpointing) = tokio::task::spawn_blocking(move || {
+        let (serving, here, checkpointing) = tokio::task::spawn_blocking(move || {
             // The serving connection first: it creates the file and schema.
             let serving = open_connection(&owned)?;
-            Ok::<_, StoreError>((serving, Connection::open(&owned)?))
+            let here = open_connection(&owned)?;
+            here.busy_timeout(Duration::ZERO)?;
+            Ok::<_, StoreError>((serving, here, Connection::open(&owned)?))
         })
         .await
         .map_err(task_failed)??;
@@ -156,7 +158,7 @@ impl SqliteStore {
             failure: "sqlite store: purging expired rows failed",
         };
         Ok(Self {
-            thread: StoreThread::spawn("hookgate-sqlite", serving, purge)?,
+            thread: StoreThread::spawn("hookgate-sqlite", serving, here, purge)?,
             _checkpoints: CheckpointThread::spawn(
                 "sqlite-wal-ckpt",
                 checkpointing,
@@ -188,6 +190,16 @@ impl SqliteStore {
         f: impl FnMut(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         self.thread.run(f).await
+    }
+
+    /// `run`, or on the caller's core when it has nothing else to do
+    /// (`StoreThread::run_here_when_alone`): for the jobs on a delivery's
+    /// path, each one statement or one transaction.
+    async fn run_here_when_alone<T: Send + 'static>(
+        &self,
+        f: impl FnMut(&mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.thread.run_here_when_alone(f).await
     }
 }
 
@@ -401,7 +413,7 @@ impl Row {
 impl Backend for SqliteStore {
     async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
         let (key, fingerprint) = (key.clone(), fingerprint.to_owned());
-        self.run(move |c| {
+        self.run_here_when_alone(move |c| {
             if !c.is_autocommit() {
                 // Inside the store thread's batch: its BEGIN IMMEDIATE
                 // already holds the write lock.
@@ -426,13 +438,13 @@ impl Backend for SqliteStore {
         retention: Duration,
     ) -> Result<bool> {
         let (key, token, snapshot) = (key.clone(), token.clone(), snapshot.clone());
-        self.run(move |c| complete_in(c, &key, &token, &snapshot, retention))
+        self.run_here_when_alone(move |c| complete_in(c, &key, &token, &snapshot, retention))
             .await
     }
 
     async fn release(&self, key: &ScopedKey, token: &LeaseToken) -> Result<bool> {
         let (key, token) = (key.clone(), token.clone());
-        self.run(move |c| {
+        self.run_here_when_alone(move |c| {
             let changed = c
                 .prepare_cached(
                     "DELETE FROM processed_events
@@ -532,5 +544,53 @@ mod tests {
             assert_eq!(pass_cutoff(now), start, "at {now}");
         }
         assert_eq!(pass_cutoff(start + interval), start + interval);
+    }
+
+    /// A lone delivery's claim tries its own core's connection, which has
+    /// no busy handler: with the write lock held by another process it
+    /// goes to the store's thread at once instead of parking the core, and
+    /// is answered once the lock is free.
+    #[tokio::test]
+    async fn a_claim_on_a_core_never_waits_for_a_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dedupe.db");
+        let store = SqliteStore::open(&path).await.unwrap();
+        crate::cores::become_core(1);
+        let _delivering = crate::cores::Delivering::start();
+        let key = ScopedKey::new("stripe", "evt_locked");
+        let lease = Duration::from_secs(30);
+
+        let (locked, unlock) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let other = std::thread::spawn({
+            let path = path.clone();
+            move || {
+                let conn = Connection::open(path).unwrap();
+                conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                locked.0.send(()).unwrap();
+                unlock.1.recv().unwrap();
+                conn.execute_batch("COMMIT").unwrap();
+            }
+        });
+        locked.1.recv().unwrap();
+        let mut claim = std::pin::pin!(store.claim(&key, "fp", lease));
+        let started = std::time::Instant::now();
+        assert!(futures_util::poll!(claim.as_mut()).is_pending());
+        // With a busy handler the core would have polled for the lock for
+        // BUSY_TIMEOUT before giving up.
+        assert!(
+            started.elapsed() < BUSY_TIMEOUT / 2,
+            "{:?}",
+            started.elapsed()
+        );
+        unlock.0.send(()).unwrap();
+        other.join().unwrap();
+        assert!(matches!(claim.await.unwrap(), Claim::Fresh(_)));
+
+        // Unlocked, on the core: the row the thread wrote is there.
+        let again = store.claim(&key, "fp", lease).await.unwrap();
+        assert!(
+            matches!(again, Claim::Existing(Existing::InFlight { .. })),
+            "{again:?}"
+        );
     }
 }
