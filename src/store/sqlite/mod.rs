@@ -547,7 +547,7 @@ mod tests {
     }
 
     /// A lone delivery's claim tries its own core's connection, which has
-    /// no busy handler: with the write lock held by another process it
+    /// no busy handler: with the write lock held by another connection it
     /// goes to the store's thread at once instead of parking the core, and
     /// is answered once the lock is free.
     #[tokio::test]
