@@ -218,6 +218,16 @@ const CACHE_KIB: i64 = -512;
 const STATEMENT_CACHE: usize = 32;
 
 fn open_connection(path: &Path) -> Result<Connection> {
+    // SQLite opens a database of the connection's own for these: the
+    // store's connections (its thread's, the cores', the checkpoints')
+    // would each see another, and a claim made on one would be unknown to
+    // the others.
+    if path.as_os_str().is_empty() || path == Path::new(":memory:") {
+        return Err(StoreError::Unavailable(format!(
+            "sqlite {path:?}: the path must name a file (for a store in memory, \
+             set store.backend = \"memory\")"
+        )));
+    }
     // SQLite itself would only say "unable to open database file".
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && !dir.is_dir()
@@ -544,6 +554,15 @@ mod tests {
             assert_eq!(pass_cutoff(now), start, "at {now}");
         }
         assert_eq!(pass_cutoff(start + interval), start + interval);
+    }
+
+    /// Every connection of the store must reach the same database.
+    #[tokio::test]
+    async fn a_path_that_names_no_file_is_refused() {
+        for path in ["", ":memory:"] {
+            let err = SqliteStore::open(Path::new(path)).await.err().unwrap();
+            assert!(err.to_string().contains("must name a file"), "{err}");
+        }
     }
 
     /// A lone delivery's claim tries its own core's connection, which has
