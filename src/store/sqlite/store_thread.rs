@@ -179,7 +179,11 @@ impl StoreThread {
     /// store's thread can run it again from the start. A panic in `f` here
     /// reaches the delivery (answered as an internal error, its
     /// transaction rolled back) and poisons the connection's lock: later
-    /// jobs then all go to the store's thread.
+    /// jobs then all go to the store's thread. What the attempt cannot
+    /// bound is the disk: a write that stalls (a hung volume) stalls the
+    /// core's thread with it, where on the store's thread the delivery
+    /// would have been answered 503 at the store's timeout. The other
+    /// cores find the connection locked meanwhile and queue.
     pub(super) async fn run_here_when_alone<T: Send + 'static>(
         &self,
         mut f: impl FnMut(&mut Connection) -> Result<T> + Send + 'static,
