@@ -69,9 +69,10 @@ impl Drop for Delivering {
     }
 }
 
-/// Whether the caller is on a core with no delivery in flight but its
-/// own: the core has nothing else to do while the caller waits. False off
-/// the cores.
+/// Whether the caller is on a core with at most one delivery in flight:
+/// its own, when the caller is a delivery. Only deliveries are counted: a
+/// task of the core's that is not one (a mark's retry, a release after a
+/// panic) sees the core alone beside one delivery. False off the cores.
 pub fn alone() -> bool {
     current() != 0 && DELIVERIES.with(Cell::get) <= 1
 }

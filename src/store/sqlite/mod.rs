@@ -222,10 +222,12 @@ fn open_connection(path: &Path) -> Result<Connection> {
     // store's connections (its thread's, the cores', the checkpoints')
     // would each see another, and a claim made on one would be unknown to
     // the others.
-    if path.as_os_str().is_empty() || path == Path::new(":memory:") {
+    // SQLite reads a `file:` URI as one (in-memory databases among them).
+    let text = path.as_os_str().to_string_lossy();
+    if text.is_empty() || text == ":memory:" || text.starts_with("file:") {
         return Err(StoreError::Unavailable(format!(
-            "sqlite {path:?}: the path must name a file (for a store in memory, \
-             set store.backend = \"memory\")"
+            "sqlite {path:?}: the path must name a file, not a URI or \":memory:\" \
+             (for a store in memory, set store.backend = \"memory\")"
         )));
     }
     // SQLite itself would only say "unable to open database file".
@@ -559,16 +561,17 @@ mod tests {
     /// Every connection of the store must reach the same database.
     #[tokio::test]
     async fn a_path_that_names_no_file_is_refused() {
-        for path in ["", ":memory:"] {
+        for path in ["", ":memory:", "file::memory:", "file:x.db?mode=memory"] {
             let err = SqliteStore::open(Path::new(path)).await.err().unwrap();
             assert!(err.to_string().contains("must name a file"), "{err}");
         }
     }
 
-    /// A lone delivery's claim tries its own core's connection, which has
-    /// no busy handler: with the write lock held by another connection it
-    /// goes to the store's thread at once instead of parking the core, and
-    /// is answered once the lock is free.
+    /// A lone delivery's claim never waits for a lock on its core: with
+    /// the write lock held by another connection it goes to the store's
+    /// thread at once (the core's connection has no busy handler) and is
+    /// answered once the lock is free. Where a job runs is proven in
+    /// `store_thread`'s tests.
     #[tokio::test]
     async fn a_claim_on_a_core_never_waits_for_a_lock() {
         let dir = tempfile::tempdir().unwrap();
@@ -605,7 +608,7 @@ mod tests {
         other.join().unwrap();
         assert!(matches!(claim.await.unwrap(), Claim::Fresh(_)));
 
-        // Unlocked, on the core: the row the thread wrote is there.
+        // Unlocked: the row the thread wrote is seen by the next claim.
         let again = store.claim(&key, "fp", lease).await.unwrap();
         assert!(
             matches!(again, Claim::Existing(Existing::InFlight { .. })),

@@ -166,11 +166,13 @@ impl StoreThread {
     ///
     /// At a low rate nearly every job finds the store's thread asleep, and
     /// waking it, then the caller's task, is most of what a claim waits
-    /// for: 16.5 to 18.9 µs on average, and 0.3 ms or more for one job in
-    /// a thousand (docs/BENCHMARKS.md, What makes a request slow). A core
-    /// with other deliveries in flight queues its jobs, so that under load
-    /// the thread still commits them in batches and no core stops serving
-    /// its connections for a job.
+    /// for: 16.5 to 18.9 µs on average, and 0.3 ms or more for a few jobs
+    /// in ten thousand (docs/BENCHMARKS.md, What makes a request slow). A
+    /// core with other deliveries in flight queues its jobs, so that under
+    /// load the thread still commits them in batches; a job run here holds
+    /// the core's other connections (their reads and answers) for as long
+    /// as it takes, the `fsync` of the first commit after a WAL restart
+    /// (a few tenths of a millisecond) included.
     ///
     /// The connection has no busy handler: a write lock held elsewhere (a
     /// batch, a checkpoint, another process) fails the attempt at once
@@ -190,9 +192,20 @@ impl StoreThread {
     ) -> Result<T> {
         if crate::cores::alone()
             && let Ok(mut here) = self.here.try_lock()
-            && let Ok(answer) = f(&mut here)
+            && here.is_autocommit()
         {
-            return Ok(answer);
+            match f(&mut here) {
+                Ok(answer) => return Ok(answer),
+                Err(error) => {
+                    tracing::debug!(%error, "sqlite store: a job on the core failed; queued");
+                    // A rollback that failed leaves a transaction open: a
+                    // job would run inside it (as inside a batch) and never
+                    // commit. Close it, or the next attempt skips `here`.
+                    if !here.is_autocommit() {
+                        let _ = here.execute_batch("ROLLBACK");
+                    }
+                }
+            }
         }
         self.run(f).await
     }
