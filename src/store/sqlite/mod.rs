@@ -146,6 +146,7 @@ impl SqliteStore {
         let (serving, here, checkpointing) = tokio::task::spawn_blocking(move || {
             // The serving connection first: it creates the file and schema.
             let serving = open_connection(&owned)?;
+            named(&owned, create_schema(&serving))?;
             let here = open_connection(&owned)?;
             here.busy_timeout(Duration::ZERO)?;
             Ok::<_, StoreError>((serving, here, Connection::open(&owned)?))
@@ -217,6 +218,8 @@ const CACHE_KIB: i64 = -512;
 /// send every batch back to parsing it.
 const STATEMENT_CACHE: usize = 32;
 
+/// A connection to the file at `path` with the settings every connection
+/// the store serves from shares (the schema is `create_schema`'s).
 fn open_connection(path: &Path) -> Result<Connection> {
     // SQLite opens a database of the connection's own for these: the
     // store's connections (its thread's, the cores', the checkpoints')
@@ -252,22 +255,33 @@ fn open_connection(path: &Path) -> Result<Connection> {
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.pragma_update(None, "cache_size", CACHE_KIB)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        conn.execute_batch(SCHEMA)?;
-        conn.execute_batch(outbox::SCHEMA)?;
-        for (column, add) in ADDED_COLUMNS {
-            let present: bool = conn.query_row(
-                "SELECT count(*) FROM pragma_table_info('processed_events') WHERE name = ?1",
-                [column],
-                |r| r.get::<_, i64>(0).map(|n| n > 0),
-            )?;
-            if !present {
-                conn.execute_batch(add)?;
-            }
-        }
         Ok(conn)
     };
-    // Name the file: this error is what an operator sees at startup.
-    setup().map_err(|e| match StoreError::from(e) {
+    named(path, setup())
+}
+
+/// Creates the tables, or brings an older file's up to date; once per
+/// store, on the serving connection.
+fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(SCHEMA)?;
+    conn.execute_batch(outbox::SCHEMA)?;
+    for (column, add) in ADDED_COLUMNS {
+        let present: bool = conn.query_row(
+            "SELECT count(*) FROM pragma_table_info('processed_events') WHERE name = ?1",
+            [column],
+            |r| r.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !present {
+            conn.execute_batch(add)?;
+        }
+    }
+    Ok(())
+}
+
+/// Names the file in an error from opening it: this error is what an
+/// operator sees at startup.
+fn named<T>(path: &Path, result: rusqlite::Result<T>) -> Result<T> {
+    result.map_err(|e| match StoreError::from(e) {
         StoreError::Corrupt(m) => StoreError::Corrupt(format!("{m} ({})", path.display())),
         StoreError::Unavailable(m) => StoreError::Unavailable(format!("{m} ({})", path.display())),
         other => other,
@@ -567,52 +581,94 @@ mod tests {
         }
     }
 
-    /// A lone delivery's claim never waits for a lock on its core: with
-    /// the write lock held by another connection it goes to the store's
-    /// thread at once (the core's connection has no busy handler) and is
-    /// answered once the lock is free. Where a job runs is proven in
-    /// `store_thread`'s tests.
+    /// Holds the write lock on the file at `path` from another connection
+    /// until the returned function is called.
+    fn hold_write_lock(path: &Path) -> impl FnOnce() {
+        let (locked, unlock) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let path = path.to_owned();
+        let other = std::thread::spawn(move || {
+            let conn = Connection::open(path).unwrap();
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            locked.0.send(()).unwrap();
+            unlock.1.recv().unwrap();
+            conn.execute_batch("COMMIT").unwrap();
+        });
+        locked.1.recv().unwrap();
+        move || {
+            unlock.0.send(()).unwrap();
+            other.join().unwrap();
+        }
+    }
+
+    /// Polls `job` once while another connection holds the write lock: it
+    /// must be pending at once (with a busy handler on the core's
+    /// connection it would have polled for the lock for `BUSY_TIMEOUT`
+    /// first), and answered once the lock is free.
+    async fn answered_after_the_lock<T>(path: &Path, job: impl Future<Output = T>) -> T {
+        let unlock = hold_write_lock(path);
+        let mut job = std::pin::pin!(job);
+        let started = std::time::Instant::now();
+        assert!(futures_util::poll!(job.as_mut()).is_pending());
+        let waited = started.elapsed();
+        assert!(waited < BUSY_TIMEOUT / 2, "{waited:?}");
+        unlock();
+        job.await
+    }
+
+    /// A lone delivery's claim, mark and release never wait for a lock on
+    /// its core: with the write lock held by another connection each goes
+    /// to the store's thread at once (the core's connection has no busy
+    /// handler) and is answered once the lock is free. Where a job runs is
+    /// proven in `store_thread`'s tests.
     #[tokio::test]
-    async fn a_claim_on_a_core_never_waits_for_a_lock() {
+    async fn a_job_on_a_core_never_waits_for_a_lock() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dedupe.db");
         let store = SqliteStore::open(&path).await.unwrap();
         crate::cores::become_core(1);
         let _delivering = crate::cores::Delivering::start();
-        let key = ScopedKey::new("stripe", "evt_locked");
         let lease = Duration::from_secs(30);
+        let fresh = |claim: Claim| match claim {
+            Claim::Fresh(token) => token,
+            other => panic!("{other:?}"),
+        };
 
-        let (locked, unlock) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
-        let other = std::thread::spawn({
-            let path = path.clone();
-            move || {
-                let conn = Connection::open(path).unwrap();
-                conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-                locked.0.send(()).unwrap();
-                unlock.1.recv().unwrap();
-                conn.execute_batch("COMMIT").unwrap();
-            }
-        });
-        locked.1.recv().unwrap();
-        let mut claim = std::pin::pin!(store.claim(&key, "fp", lease));
-        let started = std::time::Instant::now();
-        assert!(futures_util::poll!(claim.as_mut()).is_pending());
-        // With a busy handler the core would have polled for the lock for
-        // BUSY_TIMEOUT before giving up.
-        assert!(
-            started.elapsed() < BUSY_TIMEOUT / 2,
-            "{:?}",
-            started.elapsed()
+        let key = ScopedKey::new("stripe", "evt_locked");
+        let token = fresh(
+            answered_after_the_lock(&path, store.claim(&key, "fp", lease))
+                .await
+                .unwrap(),
         );
-        unlock.0.send(()).unwrap();
-        other.join().unwrap();
-        assert!(matches!(claim.await.unwrap(), Claim::Fresh(_)));
-
         // Unlocked: the row the thread wrote is seen by the next claim.
         let again = store.claim(&key, "fp", lease).await.unwrap();
         assert!(
             matches!(again, Claim::Existing(Existing::InFlight { .. })),
             "{again:?}"
         );
+        let snapshot = Snapshot {
+            status: 200,
+            content_type: None,
+            body: bytes::Bytes::from_static(b"ok"),
+            truncated: false,
+        };
+        let marked = store.complete(&key, &token, &snapshot, Duration::from_secs(60));
+        assert!(answered_after_the_lock(&path, marked).await.unwrap());
+        let done = store.claim(&key, "fp", lease).await.unwrap();
+        assert!(
+            matches!(done, Claim::Existing(Existing::Completed(_))),
+            "{done:?}"
+        );
+
+        let key = ScopedKey::new("stripe", "evt_released");
+        let token = fresh(store.claim(&key, "fp", lease).await.unwrap());
+        assert!(
+            answered_after_the_lock(&path, store.release(&key, &token))
+                .await
+                .unwrap()
+        );
+        assert!(matches!(
+            store.claim(&key, "fp", lease).await.unwrap(),
+            Claim::Fresh(_)
+        ));
     }
 }
