@@ -89,8 +89,10 @@ pub fn inbox() -> Option<Arc<Inbox>> {
     INBOX.with(|i| i.borrow().clone())
 }
 
-/// Makes the calling thread core `core`'s, for tests of what is per core.
-#[cfg(test)]
+/// Makes the calling thread core `core`'s: each core's thread as it
+/// starts, and tests of what is per core (the store conformance suite runs
+/// the sqlite store's jobs as a lone delivery's on a core this way).
+#[doc(hidden)]
 pub fn become_core(core: usize) {
     CORE.with(|c| c.set(core));
 }
@@ -229,7 +231,7 @@ impl Cores {
             let thread = thread::Builder::new()
                 .name(format!("hookgate-core-{core}"))
                 .spawn(move || {
-                    CORE.with(|c| c.set(core));
+                    become_core(core);
                     let inbox = Arc::new(Inbox::default());
                     INBOX.with(|i| *i.borrow_mut() = Some(Arc::clone(&inbox)));
                     runtime.block_on(async move {

@@ -66,6 +66,7 @@ macro_rules! conformance {
 
 conformance!(memory, MemoryHarness);
 conformance!(sqlite, SqliteHarness);
+conformance!(sqlite_on_a_core, SqliteOnCoreHarness);
 conformance!(redis, RedisHarness);
 conformance!(postgres, PostgresHarness);
 conformance!(redis_cluster, RedisClusterHarness);

@@ -438,6 +438,43 @@ mod tests {
         assert_ne!(attempts[1], caller);
     }
 
+    /// An attempt on the core that fails with its transaction open has it
+    /// rolled back: what it wrote is gone, and the next lone job runs on
+    /// the core again instead of skipping a connection left mid-transaction.
+    #[tokio::test]
+    async fn a_failed_attempt_leaves_no_transaction_open_on_the_core() {
+        let thread = in_memory("sqlite-t-rollback", idle_chore());
+        let caller = std::thread::current().id();
+        crate::cores::become_core(1);
+        let _alone = crate::cores::Delivering::start();
+        thread
+            .run_here_when_alone(|c| Ok(c.execute_batch("CREATE TABLE t (n INTEGER)")?))
+            .await
+            .unwrap();
+
+        thread
+            .run_here_when_alone(move |c| {
+                if std::thread::current().id() == caller {
+                    c.execute_batch("BEGIN; INSERT INTO t VALUES (1)")?;
+                    return Err(StoreError::Unavailable("database is locked".into()));
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert!(thread.here.lock().unwrap().is_autocommit());
+
+        let (rows, on) = thread
+            .run_here_when_alone(|c| {
+                let rows: i64 = c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
+                Ok((rows, std::thread::current().id()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(on, caller, "the core's connection was skipped");
+        assert_eq!(rows, 0, "the failed attempt's insert was kept");
+    }
+
     #[tokio::test]
     async fn a_panicking_job_answers_an_error_and_the_thread_keeps_serving() {
         let thread = in_memory("sqlite-t-panic", idle_chore());

@@ -99,6 +99,39 @@ impl Harness for SqliteHarness {
     }
 }
 
+/// The sqlite store driven as a lone delivery on a core drives it: the
+/// test's own thread (where the test body runs) is made a core with one
+/// delivery in flight, so its claims, marks and releases run on the store's
+/// second connection, on that thread (`StoreThread::run_here_when_alone`).
+/// Tasks the tests spawn (the races) run on the runtime's workers, off the
+/// cores, and go to the store's thread: both paths on one file at once.
+pub struct SqliteOnCoreHarness {
+    inner: SqliteHarness,
+    _delivering: hookgate::cores::Delivering,
+}
+
+impl Harness for SqliteOnCoreHarness {
+    type Store = SqliteStore;
+
+    async fn start() -> Self {
+        hookgate::cores::become_core(1);
+        let delivering = hookgate::cores::Delivering::start();
+        assert!(hookgate::cores::alone(), "the test thread is not a core");
+        Self {
+            inner: SqliteHarness::start().await,
+            _delivering: delivering,
+        }
+    }
+
+    fn store(&self) -> Arc<SqliteStore> {
+        self.inner.store()
+    }
+
+    async fn replica(&self) -> Arc<SqliteStore> {
+        self.inner.replica().await
+    }
+}
+
 /// A store served by a server the test starts (redis-server, PostgreSQL).
 pub trait ServedStore: Backend + Sized + 'static {
     type Server: StoreServer + Sync;
