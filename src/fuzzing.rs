@@ -374,7 +374,7 @@ pub fn fingerprint(data: &[u8]) {
     if let Some(canonical) = reference::canonical(body, &volatile) {
         assert_eq!(
             Payload::new(body, &plain).fingerprint(FingerprintMode::Canonical, &volatile),
-            hex::encode(Sha256::digest(canonical)),
+            const_hex::encode(Sha256::digest(canonical)),
             "the canonical bytes differ from serde_json::Value's"
         );
     }

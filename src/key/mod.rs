@@ -122,7 +122,7 @@ impl KeySource {
     pub fn extract(&self, payload: &Payload<'_>) -> Result<Option<String>, KeyError> {
         let key = match self {
             Self::Batch(_) => return Ok(None),
-            Self::BodySha256 => hex::encode(Sha256::digest(payload.raw)),
+            Self::BodySha256 => const_hex::encode(Sha256::digest(payload.raw)),
             Self::Parts { parts, scope } => {
                 let mut values = Vec::with_capacity(parts.len() + 1);
                 if let Some(scope) = scope.as_ref().and_then(|h| header_text(payload.headers, h)) {
@@ -372,7 +372,7 @@ impl<'a> Payload<'a> {
                 }
             }
         };
-        hex::encode(digest)
+        const_hex::encode(digest)
     }
 }
 

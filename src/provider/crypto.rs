@@ -47,7 +47,7 @@ impl Tag {
     }
 
     pub(super) fn to_hex(&self) -> String {
-        hex::encode(&self.0)
+        const_hex::encode(&self.0)
     }
 
     pub(super) fn to_base64(&self) -> String {
@@ -58,15 +58,15 @@ impl Tag {
 /// Decodes a presented hex signature (either case). Empty text is refused
 /// like garbage: it is a missing signature, not one that failed to match.
 pub(super) fn decode_hex(text: impl AsRef<[u8]>) -> Option<Vec<u8>> {
-    // `decode_to_slice` into a buffer of the right size: `hex::decode`
-    // collects through an iterator whose lower size bound is 0, growing the
-    // vector (and copying it) as it goes.
+    // Into a buffer of the text's half: `const_hex` takes a leading `0x`
+    // as a prefix, which then leaves the text two characters short of the
+    // buffer, an error; so only bare hex decodes, as the providers send it.
     let text = text.as_ref();
     if text.is_empty() || text.len() % 2 != 0 {
         return None;
     }
     let mut bytes = vec![0; text.len() / 2];
-    hex::decode_to_slice(text, &mut bytes).ok()?;
+    const_hex::decode_to_slice(text, &mut bytes).ok()?;
     Some(bytes)
 }
 
@@ -299,6 +299,9 @@ pub(super) mod tests {
         assert_eq!(decode_base64(""), None);
         assert_eq!(decode_hex("abc"), None);
         assert_eq!(decode_hex("ABcd"), Some(vec![0xab, 0xcd]));
+        // No prefix is taken off: `0x` is not hex.
+        assert_eq!(decode_hex("0xab"), None);
+        assert_eq!(decode_hex("0x"), None);
         assert_eq!(decode_base64("AQI="), Some(vec![1, 2]));
         assert_eq!(decode_base64("AQI"), Some(vec![1, 2]));
         assert_eq!(decode_base64("A?=="), None);

@@ -109,7 +109,7 @@ mod tests {
     fn fixture_is_the_official_file() {
         assert_eq!(FIXTURE.len(), 484);
         assert_eq!(
-            hex::encode(Sha256::digest(FIXTURE.as_bytes())),
+            const_hex::encode(Sha256::digest(FIXTURE.as_bytes())),
             "98cc89412549ca7faf118fca984763bdb6f81e13d1ce8c528dbbb5be602ec1be"
         );
     }

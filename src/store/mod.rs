@@ -56,7 +56,7 @@ pub struct LeaseToken(pub String);
 impl LeaseToken {
     /// 128 random bits as 32 hex digits.
     pub fn generate() -> Self {
-        Self(hex::encode(rand::random::<u128>().to_be_bytes()))
+        Self(const_hex::encode(rand::random::<u128>().to_be_bytes()))
     }
 }
 
@@ -336,7 +336,10 @@ mod tests {
     #[test]
     fn lease_tokens_are_32_lowercase_hex_digits() {
         for bits in [0, 1, 0x0123_4567_89ab_cdef, u128::MAX] {
-            assert_eq!(hex::encode(bits.to_be_bytes()), format!("{bits:032x}"));
+            assert_eq!(
+                const_hex::encode(bits.to_be_bytes()),
+                format!("{bits:032x}")
+            );
         }
         let (a, b) = (LeaseToken::generate(), LeaseToken::generate());
         assert_ne!(a, b);

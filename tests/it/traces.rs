@@ -113,7 +113,7 @@ async fn a_delivery_continues_the_senders_trace_and_the_app_gets_the_forward_spa
     gate.shutdown().await;
 
     let spans = spans(&collector.received());
-    let trace_id = hex::decode(SENDER_TRACE).unwrap();
+    let trace_id = const_hex::decode(SENDER_TRACE).unwrap();
     assert!(
         spans.iter().all(|s| s.trace_id == trace_id),
         "every span is in the sender's trace: {spans:#?}"
@@ -121,7 +121,7 @@ async fn a_delivery_continues_the_senders_trace_and_the_app_gets_the_forward_spa
     let deliveries = named(&spans, "delivery");
     assert_eq!(deliveries.len(), 2, "{spans:#?}");
     for d in &deliveries {
-        assert_eq!(d.parent_span_id, hex::decode(SENDER_SPAN).unwrap());
+        assert_eq!(d.parent_span_id, const_hex::decode(SENDER_SPAN).unwrap());
         assert_eq!(d.kind, SpanKind::Server as i32);
         assert_eq!(text(&d.attributes, "hookgate.provider"), Some("stripe"));
         assert_eq!(text(&d.attributes, "hookgate.verification"), Some("ok"));
@@ -178,7 +178,7 @@ async fn a_delivery_continues_the_senders_trace_and_the_app_gets_the_forward_spa
     let app = &received[0];
     let (trace, parent, flags) = parent_of(app);
     assert_eq!(trace, SENDER_TRACE);
-    assert_eq!(parent, hex::encode(&forward.span_id));
+    assert_eq!(parent, const_hex::encode(&forward.span_id));
     assert_eq!(flags, "01");
     assert_eq!(app.headers.get_all("traceparent").iter().count(), 1);
     assert_eq!(app.headers["tracestate"], "vendor=abc,other=1");
@@ -251,12 +251,12 @@ async fn without_a_sender_trace_a_new_one_starts_and_failures_are_marked() {
         "the app's 5xx is an error of the delivery"
     );
     let (trace, parent, _) = parent_of(&received[0]);
-    assert_eq!(trace, hex::encode(&failed.trace_id));
+    assert_eq!(trace, const_hex::encode(&failed.trace_id));
     let forward = spans
         .iter()
         .find(|s| s.name == "forward" && s.trace_id == failed.trace_id)
         .unwrap();
-    assert_eq!(parent, hex::encode(&forward.span_id));
+    assert_eq!(parent, const_hex::encode(&forward.span_id));
     assert!(received[0].headers.get("tracestate").is_none());
 
     let forgery = by_outcome("invalid_signature");
@@ -365,7 +365,7 @@ async fn in_queue_mode_each_relay_attempt_is_a_span_under_the_accept() {
     gate.shutdown().await;
 
     let spans = spans(&collector.received());
-    let trace_id = hex::decode(SENDER_TRACE).unwrap();
+    let trace_id = const_hex::decode(SENDER_TRACE).unwrap();
     assert!(spans.iter().all(|s| s.trace_id == trace_id), "{spans:#?}");
     let delivery = named(&spans, "delivery")[0];
     assert_eq!(
@@ -380,7 +380,7 @@ async fn in_queue_mode_each_relay_attempt_is_a_span_under_the_accept() {
         let (_, parent, _) = parent_of(r);
         let attempt = attempts
             .iter()
-            .find(|a| hex::encode(&a.span_id) == parent)
+            .find(|a| const_hex::encode(&a.span_id) == parent)
             .expect("the app's parent is an attempt span");
         assert_eq!(attempt.parent_span_id, accept.span_id);
         assert_eq!(
