@@ -176,12 +176,12 @@ fn form_decode(text: &[u8]) -> Option<String> {
         match b {
             b'+' => out.push(b' '),
             // Into one byte: `const_hex` takes a leading `0x` as a prefix
-            // (`%0x` would decode to nothing), which leaves one too many
+            // (`decode` would turn `%0x` into nothing), which leaves no
             // characters for the byte, an error here.
-            b'%' => match tail.get(..2).and_then(|h| {
-                let mut byte = [0];
-                const_hex::decode_to_slice(h, &mut byte).ok().map(|()| byte)
-            }) {
+            b'%' => match tail
+                .get(..2)
+                .and_then(|h| const_hex::decode_to_array::<_, 1>(h).ok())
+            {
                 Some(byte) => {
                     out.extend(byte);
                     rest = &tail[2..];

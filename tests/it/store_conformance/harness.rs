@@ -99,12 +99,13 @@ impl Harness for SqliteHarness {
     }
 }
 
-/// The sqlite store driven as a lone delivery on a core drives it: the
+/// The sqlite store used as a lone delivery on a core uses it: the
 /// test's own thread (where the test body runs) is made a core with one
 /// delivery in flight, so its claims, marks and releases run on the store's
 /// second connection, on that thread (`StoreThread::run_here_when_alone`).
-/// Tasks the tests spawn (the races) run on the runtime's workers, off the
-/// cores, and go to the store's thread: both paths on one file at once.
+/// Tasks the tests spawn (all of a race's claims but the test's own) run
+/// on the runtime's workers, off the cores, and go to the store's thread:
+/// both paths on one file at once.
 pub struct SqliteOnCoreHarness {
     inner: SqliteHarness,
     _delivering: hookgate::cores::Delivering,
@@ -251,14 +252,16 @@ pub async fn claim_and_complete(store: &impl Backend, key: &ScopedKey) -> LeaseT
     token
 }
 
-/// 50 tasks claim each key at once, spread over `stores`: exactly one wins.
+/// 50 claims of each key at once, spread over `stores`: exactly one wins.
 /// Many rounds, because a lost race shows only when the timing lines up.
+/// One claim is the caller's own, made on its thread (a core's, with
+/// `SqliteOnCoreHarness`); the others are tasks on the runtime's workers.
 pub async fn race<S: Backend + 'static>(stores: Vec<Arc<S>>) {
     const CLAIMS: usize = 50;
     for round in 0..20 {
         let key = key(&format!("evt_race_{round}"));
         let start = Arc::new(Barrier::new(CLAIMS));
-        let tasks: Vec<_> = (0..CLAIMS)
+        let tasks: Vec<_> = (1..CLAIMS)
             .map(|i| {
                 let (store, key) = (Arc::clone(&stores[i % stores.len()]), key.clone());
                 let start = Arc::clone(&start);
@@ -268,9 +271,21 @@ pub async fn race<S: Backend + 'static>(stores: Vec<Arc<S>>) {
                 })
             })
             .collect();
+        let own = async {
+            start.wait().await;
+            stores[0].claim(&key, "fp", LONG).await
+        };
+        let others = async {
+            let mut claims = Vec::with_capacity(tasks.len());
+            for task in tasks {
+                claims.push(task.await.expect("claim task"));
+            }
+            claims
+        };
+        let (own, others) = tokio::join!(own, others);
         let (mut fresh, mut in_flight) = (0, 0);
-        for task in tasks {
-            match task.await.expect("claim task").expect("claim") {
+        for claim in std::iter::once(own).chain(others) {
+            match claim.expect("claim") {
                 Claim::Fresh(_) => fresh += 1,
                 Claim::Existing(Existing::InFlight { .. }) => in_flight += 1,
                 other => panic!("unexpected outcome in a race: {other:?}"),
