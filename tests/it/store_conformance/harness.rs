@@ -99,7 +99,7 @@ impl Harness for SqliteHarness {
     }
 }
 
-/// The sqlite store used as a lone delivery on a core uses it: the
+/// The sqlite store, called as a lone delivery on a core calls it: the
 /// test's own thread (where the test body runs) is made a core with one
 /// delivery in flight, so its claims, marks and releases run on the store's
 /// second connection, on that thread (`StoreThread::run_here_when_alone`).
