@@ -103,6 +103,10 @@ struct SuiteArgs {
     /// "sqlite fresh c64", "nginx", "@1000".
     #[arg(long)]
     only: Vec<String>,
+    /// Leave out the rows whose label contains this (repeatable), after
+    /// --only, e.g. "node" (scripts/pgo-build.sh trains on the gate's rows).
+    #[arg(long)]
+    skip: Vec<String>,
     /// Send the gate's stdout (one JSON line per delivery) to /dev/null
     /// instead of a file in the run's directory.
     #[arg(long)]
@@ -196,6 +200,7 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
         dup_set,
         max_rate: a.max_rate,
         only: a.only,
+        skip: a.skip,
         gate_log: if a.gate_log_null {
             GateLog::Null
         } else {

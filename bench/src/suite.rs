@@ -46,6 +46,8 @@ pub struct Options {
     pub max_rate: f64,
     /// Run only the rows whose name contains one of these.
     pub only: Vec<String>,
+    /// Then leave out the rows whose name contains one of these.
+    pub skip: Vec<String>,
     pub gate_log: GateLog,
     pub gate_env: Vec<(String, String)>,
     /// Record a `perf` profile of each gate row into this directory.
@@ -65,6 +67,15 @@ pub struct Options {
     /// twin swap order every other round, so that drift of the machine
     /// falls on both alike.
     pub rounds: usize,
+}
+
+impl Options {
+    /// Whether the row labelled `label` runs: named by --only (or no --only
+    /// given) and not by --skip.
+    fn selects(&self, label: &str) -> bool {
+        let named = |words: &[String]| words.iter().any(|w| label.contains(w.as_str()));
+        (self.only.is_empty() || named(&self.only)) && !named(&self.skip)
+    }
 }
 
 /// What sits between the load generator and the upstream.
@@ -239,7 +250,7 @@ pub fn rows(o: &Options) -> Vec<Row> {
             })
             .collect();
     }
-    all.retain(|r| o.only.is_empty() || o.only.iter().any(|w| label(r).contains(w.as_str())));
+    all.retain(|r| o.selects(&label(r)));
     rounds(&all, o.rounds)
 }
 
@@ -287,7 +298,7 @@ pub fn drains(o: &Options) -> Vec<Drain> {
         }
     }
     all.into_iter()
-        .filter(|d| o.only.is_empty() || o.only.iter().any(|w| drain_label(d).contains(w.as_str())))
+        .filter(|d| o.selects(&drain_label(d)))
         .collect()
 }
 
