@@ -5,7 +5,8 @@
 # runs every row side by side on this machine and prints markdown tables
 # (docs/BENCHMARKS.md explains them).
 #
-#   bench/run.sh                  # the full run: about 6 minutes of rows
+#   bench/run.sh                  # the full run: about 6 minutes of rows,
+#                                 # on the profile-guided build (below)
 #   bench/run.sh --smoke          # CI: every row for 1 s (drain rows: 500
 #                                 # events), no timing asserted
 #   bench/run.sh --duration 30 --only "sqlite fresh"   # one kind of row
@@ -67,9 +68,22 @@ echo "building release binaries into $CARGO_TARGET_DIR" >&2
 cargo build --release --bin hookgate >&2
 cargo build --release --manifest-path bench/Cargo.toml >&2
 
-echo "hookgate $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' with local changes in src/'), $("$(nginx_bin)" -v 2>&1), $(redis-server --version | cut -d' ' -f1-3), node $(node --version)" >&2
+# The gate measured is the one the image ships: built with profile-guided
+# optimization (scripts/pgo-build.sh; about 10 minutes the first time).
+# The smoke run, and HOOKGATE_BENCH_PGO=0, take the plain release build.
+gate="$CARGO_TARGET_DIR/release/hookgate"
+build="release"
+case " $* " in
+  *" --smoke "*) HOOKGATE_BENCH_PGO=0 ;;
+esac
+if [ "${HOOKGATE_BENCH_PGO:-1}" != 0 ]; then
+  gate=$(HOOKGATE_BENCH_BIN="$CARGO_TARGET_DIR/release/hookgate-bench" scripts/pgo-build.sh)
+  build="release, profile-guided"
+fi
+
+echo "hookgate $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' with local changes in src/') ($build), $("$(nginx_bin)" -v 2>&1), $(redis-server --version | cut -d' ' -f1-3), node $(node --version)" >&2
 exec "$CARGO_TARGET_DIR/release/hookgate-bench" suite \
-  --hookgate "$CARGO_TARGET_DIR/release/hookgate" \
+  --hookgate "$gate" \
   --nginx "$(nginx_bin)" \
   --node "$(command -v node)" \
   --node-handler bench/node/handler.js \

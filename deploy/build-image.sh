@@ -2,7 +2,8 @@
 # Builds the container image without Docker and without pulling anything:
 #
 #   1. the static binary on this machine: cargo, target
-#      x86_64-unknown-linux-musl, profile `image` (Cargo.toml);
+#      x86_64-unknown-linux-musl, profile `image` (Cargo.toml), built with
+#      profile-guided optimization (scripts/pgo-build.sh);
 #   2. the image's files from it: deploy/image-rootfs.sh, into
 #      target/image-rootfs;
 #   3. the image: buildah on deploy/Dockerfile with that directory as the
@@ -18,6 +19,11 @@
 #                            gives the fat-LTO binary, slower to build)
 #   HOOKGATE_CONTAINERS_DIR  the image store (deploy/ci/containers.sh)
 #   HOOKGATE_IMAGE_BIN       a static binary built before: skips step 1
+#   HOOKGATE_IMAGE_PGO       0: a plain build in step 1 instead of the
+#                            profile-guided one (scripts/pgo-build.sh: an
+#                            instrumented build, the benchmark's gate rows
+#                            run against it, then the build with the profile;
+#                            needs redis-server, installed when missing)
 #
 # Then, for example (scripts/check-image.sh does this and more):
 #   podman --storage-driver vfs --root target/containers/storage \
@@ -30,6 +36,7 @@ cd "$(dirname "$0")/.."
 IMAGE=${IMAGE:-hookgate:dev}
 PROFILE=${HOOKGATE_IMAGE_PROFILE:-image}
 TARGET=x86_64-unknown-linux-musl
+PGO=${HOOKGATE_IMAGE_PGO:-1}
 BIN=${HOOKGATE_IMAGE_BIN:-${CARGO_TARGET_DIR:-target}/$TARGET/$PROFILE/hookgate}
 CONTEXT=${CARGO_TARGET_DIR:-target}/image-rootfs
 
@@ -40,8 +47,13 @@ if [ -z "${HOOKGATE_IMAGE_BIN:-}" ]; then
     rustup target add "$TARGET"
   fi
   # musl-gcc compiles the C in the dependencies (the bundled SQLite, ring).
-  CC_x86_64_unknown_linux_musl=musl-gcc \
+  export CC_x86_64_unknown_linux_musl=musl-gcc
+  if [ "$PGO" != 0 ]; then
+    install_missing redis-server=redis-server
+    BIN=$(scripts/pgo-build.sh --target "$TARGET" --profile "$PROFILE")
+  else
     cargo build --profile "$PROFILE" --target "$TARGET" --bin hookgate
+  fi
 else
   install_missing buildah=buildah
 fi
@@ -61,5 +73,5 @@ deploy/image-rootfs.sh "$BIN" "$CONTEXT"
 "${BUILDAH[@]}" rmi --prune >/dev/null
 t2=$(date +%s)
 
-echo "built $IMAGE: binary $(du -k "$BIN" | cut -f1) KiB (profile $PROFILE, cargo $((t1 - t0)) s)," \
+echo "built $IMAGE: binary $(du -k "$BIN" | cut -f1) KiB (profile $PROFILE, pgo $PGO, cargo $((t1 - t0)) s)," \
   "image $("${BUILDAH[@]}" images --format '{{.Size}}' "$IMAGE") (buildah $((t2 - t1)) s)"

@@ -30,7 +30,11 @@ cd "$(dirname "$0")/.."
 export IMAGE=${IMAGE:-hookgate:check}
 MAX_IMAGE_MIB=${MAX_IMAGE_MIB:-15}
 PROFILE=${HOOKGATE_IMAGE_PROFILE:-image}
-HOST_BIN=${HOOKGATE_IMAGE_BIN:-${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/$PROFILE/hookgate}
+# Where deploy/build-image.sh's binary is (scripts/pgo-build.sh's unless
+# HOOKGATE_IMAGE_PGO=0); it signs the check's delivery on the host.
+BUILT=${CARGO_TARGET_DIR:-target}
+[ "${HOOKGATE_IMAGE_PGO:-1}" != 0 ] && BUILT=$BUILT/pgo/use
+HOST_BIN=${HOOKGATE_IMAGE_BIN:-$BUILT/x86_64-unknown-linux-musl/$PROFILE/hookgate}
 SECRET=whsec_check_image_$RANDOM$RANDOM
 
 passed=0
