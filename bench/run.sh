@@ -63,22 +63,23 @@ fi
 
 # Both builds share bench/target (the bench mirrors the gate's release
 # profile, so every dependency is compiled once) and leave target/ alone.
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-bench/target}
-echo "building release binaries into $CARGO_TARGET_DIR" >&2
-cargo build --release --bin hookgate >&2
-cargo build --release --manifest-path bench/Cargo.toml >&2
-
 # The gate measured is the one the image ships: built with profile-guided
-# optimization (scripts/pgo-build.sh; about 10 minutes the first time).
-# The smoke run, and HOOKGATE_BENCH_PGO=0, take the plain release build.
-gate="$CARGO_TARGET_DIR/release/hookgate"
-build="release"
+# optimization (scripts/pgo-build.sh: two full builds and about 2.5
+# minutes of training, some 15 minutes the first time). The smoke run,
+# --help and HOOKGATE_BENCH_PGO=0 take the plain release build.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-bench/target}
 case " $* " in
-  *" --smoke "*) HOOKGATE_BENCH_PGO=0 ;;
+  *" --smoke "* | *" --help "* | *" -h "*) HOOKGATE_BENCH_PGO=0 ;;
 esac
+echo "building release binaries into $CARGO_TARGET_DIR" >&2
+cargo build --release --manifest-path bench/Cargo.toml >&2
 if [ "${HOOKGATE_BENCH_PGO:-1}" != 0 ]; then
-  gate=$(HOOKGATE_BENCH_BIN="$CARGO_TARGET_DIR/release/hookgate-bench" scripts/pgo-build.sh)
+  gate=$(scripts/pgo-build.sh)
   build="release, profile-guided"
+else
+  cargo build --release --bin hookgate >&2
+  gate="$CARGO_TARGET_DIR/release/hookgate"
+  build="release"
 fi
 
 echo "hookgate $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)')$(git diff --quiet HEAD -- src 2>/dev/null || echo ' with local changes in src/') ($build), $("$(nginx_bin)" -v 2>&1), $(redis-server --version | cut -d' ' -f1-3), node $(node --version)" >&2

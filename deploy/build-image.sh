@@ -73,5 +73,5 @@ deploy/image-rootfs.sh "$BIN" "$CONTEXT"
 "${BUILDAH[@]}" rmi --prune >/dev/null
 t2=$(date +%s)
 
-echo "built $IMAGE: binary $(du -k "$BIN" | cut -f1) KiB (profile $PROFILE, pgo $PGO, cargo $((t1 - t0)) s)," \
+echo "built $IMAGE: binary $(du -k "$BIN" | cut -f1) KiB (profile $PROFILE, pgo $PGO, built in $((t1 - t0)) s)," \
   "image $("${BUILDAH[@]}" images --format '{{.Size}}' "$IMAGE") (buildah $((t2 - t1)) s)"

@@ -21,13 +21,14 @@
 # The profile is made anew each time and not kept in the repository: it
 # matches functions by their symbols, which differ with the compiler's
 # version and the target, and a profile that matches nothing is ignored
-# without a word.
+# without a word. Its file is named by its contents, since cargo does not
+# rebuild a crate whose profile changed under the same name.
 #
 #   scripts/pgo-build.sh                  # the host's target, profile release
 #   scripts/pgo-build.sh --target x86_64-unknown-linux-musl --profile image
 #
-# Needs redis-server (scripts/install-test-deps.sh installs it) and builds
-# the load generator (bench/, into bench/target) when it is missing.
+# Needs redis-server (scripts/install-test-deps.sh installs it); builds the
+# load generator (bench/, into bench/target) when it is not up to date.
 # Environment: CARGO_TARGET_DIR (default target); $DIR is
 # $CARGO_TARGET_DIR/pgo, and each step's build keeps its own directory
 # there, so a second run rebuilds only what changed.
@@ -38,8 +39,8 @@ TARGET=$(rustc -vV | sed -n 's/^host: //p')
 PROFILE=release
 while [ $# -gt 0 ]; do
   case "$1" in
-    --target) TARGET=$2; shift 2 ;;
-    --profile) PROFILE=$2; shift 2 ;;
+    --target) TARGET=${2:?--target needs a target triple}; shift 2 ;;
+    --profile) PROFILE=${2:?--profile needs a cargo profile}; shift 2 ;;
     *) echo "usage: $0 [--target TRIPLE] [--profile CARGO_PROFILE]" >&2; exit 2 ;;
   esac
 done
@@ -55,24 +56,21 @@ fi
 
 DIR=$(realpath -m "${CARGO_TARGET_DIR:-target}/pgo")
 RAW=$DIR/raw
-PROFDATA=$DIR/hookgate.profdata
-BENCH=${HOOKGATE_BENCH_BIN:-bench/target/release/hookgate-bench}
+BENCH=bench/target/release/hookgate-bench
 mkdir -p "$DIR"
 
 # --target even for the host, so that RUSTFLAGS reach the gate's code and
 # not the build scripts and proc macros (which would write counts of their
-# own, or find none).
+# own, or find none). The caller's RUSTFLAGS come first.
 build() { # build DIR RUSTFLAGS
-  RUSTFLAGS="$2" cargo build --profile "$PROFILE" --target "$TARGET" --bin hookgate \
+  RUSTFLAGS="${RUSTFLAGS:-} $2" cargo build --profile "$PROFILE" --target "$TARGET" --bin hookgate \
     --target-dir "$1" >&2
   echo "$1/$TARGET/$PROFILE/hookgate"
 }
 
 echo "pgo: 1/4 the instrumented gate ($TARGET, profile $PROFILE)" >&2
 instrumented=$(build "$DIR/generate" "-Cprofile-generate=$RAW")
-if [ ! -x "$BENCH" ]; then
-  cargo build --release --manifest-path bench/Cargo.toml --target-dir bench/target >&2
-fi
+cargo build --release --manifest-path bench/Cargo.toml --target-dir bench/target >&2
 
 echo "pgo: 2/4 training on the benchmark's gate rows" >&2
 rm -rf "$RAW"
@@ -89,7 +87,10 @@ if [ ${#raws[@]} -eq 0 ]; then
 fi
 
 echo "pgo: 3/4 merging ${#raws[@]} count file(s)" >&2
-"$TOOLS/llvm-profdata" merge -o "$PROFDATA" "${raws[@]}"
+"$TOOLS/llvm-profdata" merge -o "$DIR/merged.profdata" "${raws[@]}" >&2
+PROFDATA=$DIR/hookgate-$(sha256sum "$DIR/merged.profdata" | cut -c1-16).profdata
+rm -f "$DIR"/hookgate-*.profdata
+mv "$DIR/merged.profdata" "$PROFDATA"
 
 echo "pgo: 4/4 the gate built with the profile" >&2
 build "$DIR/use" "-Cprofile-use=$PROFDATA"
