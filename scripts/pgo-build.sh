@@ -10,8 +10,8 @@
 #      256 connections, 1,000 requests/s, the relay's drain;
 #   3. their counts merged (llvm-profdata, from rustup's llvm-tools);
 #   4. the gate built again with them (-Cprofile-use) into $DIR/use: the
-#      paths those rows run laid out together and optimized for speed, the
-#      code they never ran for size.
+#      paths those rows run optimized for speed, the code they never ran
+#      for size.
 #
 # Written here rather than taken from cargo-pgo: that tool wraps steps 1,
 # 3 and 4, a command each here; step 2 is this project's own load
@@ -35,7 +35,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGET=$(rustc -vV | sed -n 's/^host: //p')
+HOST=$(rustc -vV | sed -n 's/^host: //p')
+TARGET=$HOST
 PROFILE=release
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,7 +50,7 @@ command -v redis-server >/dev/null 2>&1 || {
   echo "$0: redis-server is missing (apt-get install redis-server): the training runs the redis rows" >&2
   exit 1
 }
-TOOLS=$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/bin
+TOOLS=$(rustc --print sysroot)/lib/rustlib/$HOST/bin
 if [ ! -x "$TOOLS/llvm-profdata" ]; then
   rustup component add llvm-tools >&2
 fi
