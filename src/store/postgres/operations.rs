@@ -10,9 +10,7 @@ use tokio_postgres::types::ToSql;
 
 use super::{PostgresStore, maintenance};
 use crate::store::Result;
-use crate::store::{
-    Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError,
-};
+use crate::store::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot};
 
 /// The live completed record of a key, newest first (a key forgotten and
 /// processed again has an older, no longer live, row too).
@@ -24,26 +22,14 @@ WHERE provider = $1 AND provider_event_id = $2 AND state = 'completed' AND expir
 ORDER BY completed_at DESC
 LIMIT 1";
 
-/// Takes the key unless someone holds an unexpired lease. When the WHERE
-/// fails, the conflicting row is still locked until the transaction ends,
-/// which `SELECT_HELD` relies on. The lease starts at the insert
-/// (`clock_timestamp()`), not at the transaction's start (`now()`), which
-/// may lie a lock wait earlier.
-pub(super) const INSERT_CLAIM: &str = "
-INSERT INTO hookgate_claims AS c
-    (provider, provider_event_id, lease_token, fingerprint, received_at, lease_expires_at)
-VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + make_interval(secs => $5))
-ON CONFLICT (provider, provider_event_id) DO UPDATE
-SET lease_token = excluded.lease_token,
-    fingerprint = excluded.fingerprint,
-    received_at = excluded.received_at,
-    lease_expires_at = excluded.lease_expires_at
-WHERE c.lease_expires_at <= now()";
+/// Takes the key unless someone holds an unexpired lease, or finds what
+/// holds it: the insert and the record's lookup after it in one round trip
+/// (schema V4's `hookgate_claim`, which says why in that order).
+const CLAIM: &str = "SELECT * FROM hookgate_claim($1, $2, $3, $4, $5)";
 
-/// The live claim of a key and the seconds left on its lease. "Live" as of
-/// the transaction's start, like `INSERT_CLAIM`'s WHERE, so the row that
-/// insert found held is found here.
-pub(super) const SELECT_HELD: &str = "
+/// The live claim of a key and the seconds left on its lease, for `keys
+/// get`. "Live" as of the transaction's start, as in `hookgate_claim`.
+const SELECT_HELD: &str = "
 SELECT fingerprint, EXTRACT(EPOCH FROM lease_expires_at - clock_timestamp())::float8
 FROM hookgate_claims
 WHERE provider = $1 AND provider_event_id = $2 AND lease_expires_at > now()";
@@ -87,51 +73,20 @@ impl Backend for PostgresStore {
     /// primary key of `hookgate_claims` lets one insert through, and the
     /// others wait on it and then find it held. The record lookup is done
     /// twice: first as a cheap read for the common duplicate, then again
-    /// after the insert, in a new statement (so a new snapshot) inside the
-    /// claim's transaction: a delivery that completed while we waited on
-    /// its claim row is seen there, and our claim is rolled back.
+    /// after the insert, in a new statement (so a new snapshot): a delivery
+    /// that completed while we waited on its claim row is seen there, and
+    /// our claim is taken back (`claim_key`).
     async fn claim(&self, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
         let inner = &self.inner;
-        let err = |e| inner.error(e);
-        let mut client = inner.client().await?;
-        if let Some((stored, snapshot)) = completed(&client, key).await.map_err(err)? {
-            return Ok(Claim::held(
-                &stored,
-                fingerprint,
-                Existing::Completed(snapshot),
-            ));
-        }
+        let client = inner.client().await?;
         let token = LeaseToken::generate();
-        let tx = client.transaction().await.map_err(err)?;
-        let insert = tx.prepare_cached(INSERT_CLAIM).await.map_err(err)?;
-        let params: [&(dyn ToSql + Sync); 5] = [
-            &key.provider,
-            &key.key,
-            &token.0,
-            &fingerprint,
-            &lease.as_secs_f64(),
-        ];
-        if tx.execute(&insert, &params).await.map_err(err)? == 0 {
-            let held = tx.prepare_cached(SELECT_HELD).await.map_err(err)?;
-            let row = tx
-                .query_opt(&held, &[&key.provider, &key.key])
-                .await
-                .map_err(err)?
-                .ok_or_else(|| StoreError::Corrupt("postgres: a locked claim vanished".into()))?;
-            tx.commit().await.map_err(err)?;
-            let (stored, left): (String, f64) = (row.get(0), row.get(1));
-            return Ok(Claim::held(&stored, fingerprint, in_flight(left)));
-        }
-        if let Some((stored, snapshot)) = completed(&tx, key).await.map_err(err)? {
-            tx.rollback().await.map_err(err)?;
-            return Ok(Claim::held(
-                &stored,
-                fingerprint,
-                Existing::Completed(snapshot),
-            ));
-        }
-        tx.commit().await.map_err(err)?;
-        Ok(Claim::Fresh(token))
+        let looked = claim_key(&client, key, &token, fingerprint, lease.as_secs_f64())
+            .await
+            .map_err(|e| inner.error(e))?;
+        Ok(match looked {
+            Looked::Fresh => Claim::Fresh(token),
+            Looked::Held { stored, existing } => Claim::held(&stored, fingerprint, existing),
+        })
     }
 
     async fn complete(
@@ -228,17 +183,47 @@ impl Backend for PostgresStore {
     }
 }
 
-/// The key's live completed record, as (fingerprint, snapshot).
-pub(super) async fn completed(
-    client: &impl GenericClient,
-    key: &ScopedKey,
-) -> Result<Option<(String, Snapshot)>, tokio_postgres::Error> {
-    Ok(completed_for(client, key)
-        .await?
-        .map(|(fingerprint, snapshot, _)| (fingerprint, snapshot)))
+/// What `claim_key` found: the key is the caller's now, or someone's
+/// record or live claim holds it (with its stored fingerprint).
+pub(super) enum Looked {
+    Fresh,
+    Held { stored: String, existing: Existing },
 }
 
-/// Like `completed`, with the retention left.
+/// Claims `key` for `token` unless it is held: a duplicate in one round
+/// trip, anything else in two (schema V4's `hookgate_claim`, which says
+/// why). Inside a transaction a fresh claim's row stays locked until it
+/// ends.
+pub(super) async fn claim_key(
+    client: &impl GenericClient,
+    key: &ScopedKey,
+    token: &LeaseToken,
+    fingerprint: &str,
+    lease_secs: f64,
+) -> Result<Looked, tokio_postgres::Error> {
+    if let Some((stored, snapshot, _)) = completed_for(client, key).await? {
+        let existing = Existing::Completed(snapshot);
+        return Ok(Looked::Held { stored, existing });
+    }
+    let statement = client.prepare_cached(CLAIM).await?;
+    let params: [&(dyn ToSql + Sync); 5] =
+        [&key.provider, &key.key, &token.0, &fingerprint, &lease_secs];
+    let row = client.query_one(&statement, &params).await?;
+    let existing = match row.get::<_, &str>(6) {
+        "fresh" => return Ok(Looked::Fresh),
+        "in_flight" => in_flight(row.get(5)),
+        // "completed", the function's one other state: the record's
+        // columns are in `SELECT_COMPLETED`'s order.
+        _ => Existing::Completed(snapshot(&row)),
+    };
+    Ok(Looked::Held {
+        stored: row.get(0),
+        existing,
+    })
+}
+
+/// The key's live completed record: its fingerprint, its answer and the
+/// retention left.
 async fn completed_for(
     client: &impl GenericClient,
     key: &ScopedKey,

@@ -3,9 +3,10 @@
 //! to, and leased by any number of relays with `FOR UPDATE SKIP LOCKED`.
 //!
 //! An accept serializes with concurrent claims and accepts of the same key
-//! the way `claim` does: it inserts the key's row in `hookgate_claims`
-//! (waiting on whoever holds it), looks for a completed record again in a
-//! new statement, and only then writes the record and the job. The claim
+//! the way `claim` does, with the same call (`claim_key`): it inserts the
+//! key's row in `hookgate_claims` (waiting on whoever holds it), looks for a
+//! completed record again in a new statement, and only then writes the
+//! record and the job. The claim
 //! row is deleted before the commit, so nobody ever sees it.
 
 use std::time::Duration;
@@ -14,13 +15,14 @@ use deadpool_postgres::{Client, GenericClient, Transaction};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
+use super::operations::{Looked, claim_key};
 use super::{PostgresStore, maintenance};
 use crate::store::Result;
 use crate::store::outbox::{
     Accept, AcceptPolicy, Accepted, Depth, FilterValue, Job, JobFilter, JobState, JobSummary,
     NewJob, Outbox, Settle,
 };
-use crate::store::{Existing, LeaseToken, ScopedKey};
+use crate::store::{LeaseToken, ScopedKey};
 
 /// How long an accept's serializing claim row would hold the key if the
 /// transaction outlived its connection; it never commits, so this only
@@ -301,38 +303,11 @@ async fn look(
     item: &Accept,
     token: &LeaseToken,
 ) -> Result<Accepted, tokio_postgres::Error> {
-    let key = &item.key;
-    if let Some((stored, snapshot)) = super::operations::completed(tx, key).await? {
-        return Ok(Accepted::found(
-            &stored,
-            &item.fingerprint,
-            Existing::Completed(snapshot),
-        ));
-    }
-    let insert = tx.prepare_cached(super::operations::INSERT_CLAIM).await?;
-    let values: [&(dyn ToSql + Sync); 5] = [
-        &key.provider,
-        &key.key,
-        &token.0,
-        &item.fingerprint,
-        &ACCEPT_LEASE_SECS,
-    ];
-    if tx.execute(&insert, &values).await? == 0 {
-        let held = tx.prepare_cached(super::operations::SELECT_HELD).await?;
-        if let Some(row) = tx.query_opt(&held, &[&key.provider, &key.key]).await? {
-            let existing = super::operations::in_flight(row.get(1));
-            return Ok(Accepted::found(row.get(0), &item.fingerprint, existing));
-        }
-    }
-    // A delivery that completed while we waited on its claim row.
-    if let Some((stored, snapshot)) = super::operations::completed(tx, key).await? {
-        return Ok(Accepted::found(
-            &stored,
-            &item.fingerprint,
-            Existing::Completed(snapshot),
-        ));
-    }
-    Ok(Accepted::Enqueued)
+    let looked = claim_key(tx, &item.key, token, &item.fingerprint, ACCEPT_LEASE_SECS).await?;
+    Ok(match looked {
+        Looked::Fresh => Accepted::Enqueued,
+        Looked::Held { stored, existing } => Accepted::found(&stored, &item.fingerprint, existing),
+    })
 }
 
 fn attempt(n: i32) -> u32 {

@@ -28,7 +28,7 @@ const MIGRATION_LOCK: i64 = 0x686f_6f6b_6761_7465;
 
 /// Applied in order, each once, recorded in `hookgate_schema_migrations`.
 /// Never edit a released entry: append a new one.
-const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3)];
+const MIGRATIONS: &[(i32, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
 
 const V1: &str = "
 CREATE TABLE hookgate_claims (
@@ -95,6 +95,83 @@ CREATE INDEX hookgate_outbox_due ON hookgate_outbox (due_at) WHERE state = 'pend
 CREATE INDEX hookgate_outbox_key ON hookgate_outbox (provider, event_key);
 CREATE INDEX hookgate_outbox_received ON hookgate_outbox (received_at);
 CREATE INDEX hookgate_outbox_expired ON hookgate_outbox (expires_at) WHERE state = 'delivered';
+";
+
+/// A claim's insert and what follows it in one call, so one round trip:
+/// the gate's CPU and latency per fresh event on this store were mostly its
+/// six round trips (a lookup, `BEGIN`, the insert, the lookup again,
+/// `COMMIT`, then the mark), four of them the claim's after its first
+/// lookup. That lookup stays a plain statement before the call (`claim_key`
+/// in `operations.rs`): the common duplicate ends there, and a PL/pgSQL call
+/// cost PostgreSQL a fifth of its duplicates per second (docs/BENCHMARKS.md,
+/// The overhead work). In order, as `PostgresStore::claim` explains:
+///
+/// 1. the claim's insert, which waits on whoever holds the key's row; when
+///    its WHERE fails, the holder's live claim (locked until the caller's
+///    transaction ends);
+/// 2. the key's live completed record: a PL/pgSQL function that is
+///    `VOLATILE` takes a new snapshot for each statement, so a delivery that
+///    completed while the insert waited is seen here, and the claim just
+///    taken is deleted (a row it may have replaced had expired, which every
+///    reader treats as no claim at all).
+///
+/// One row: the stored fingerprint, the record's answer and retention left
+/// (`completed`), or the lease left (`in_flight`), and the state; `fresh`
+/// when the claim is the caller's. The lookups' text is `SELECT_COMPLETED`'s
+/// and `SELECT_HELD`'s in `operations.rs`.
+const V4: &str = "
+CREATE FUNCTION hookgate_claim(
+    p_provider text, p_event_id text, p_token text, p_fingerprint text, p_lease float8)
+RETURNS TABLE (
+    fingerprint text, response_status integer, response_content_type text,
+    response_body bytea, response_truncated boolean, seconds_left float8, state text)
+LANGUAGE plpgsql VOLATILE AS $fn$
+#variable_conflict use_column
+BEGIN
+    INSERT INTO hookgate_claims AS c
+        (provider, provider_event_id, lease_token, fingerprint, received_at, lease_expires_at)
+    VALUES (p_provider, p_event_id, p_token, p_fingerprint, clock_timestamp(),
+            clock_timestamp() + make_interval(secs => p_lease))
+    ON CONFLICT (provider, provider_event_id) DO UPDATE
+    SET lease_token = excluded.lease_token,
+        fingerprint = excluded.fingerprint,
+        received_at = excluded.received_at,
+        lease_expires_at = excluded.lease_expires_at
+    WHERE c.lease_expires_at <= now();
+    IF NOT FOUND THEN
+        RETURN QUERY
+            SELECT c.fingerprint, NULL::integer, NULL::text, NULL::bytea, NULL::boolean,
+                   EXTRACT(EPOCH FROM c.lease_expires_at - clock_timestamp())::float8,
+                   'in_flight'::text
+            FROM hookgate_claims c
+            WHERE c.provider = p_provider AND c.provider_event_id = p_event_id
+              AND c.lease_expires_at > now();
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'hookgate_claim: a locked claim vanished';
+        END IF;
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+        SELECT e.fingerprint, e.response_status, e.response_content_type, e.response_body,
+               e.response_truncated, EXTRACT(EPOCH FROM e.expires_at - now())::float8,
+               'completed'::text
+        FROM processed_events e
+        WHERE e.provider = p_provider AND e.provider_event_id = p_event_id
+          AND e.state = 'completed' AND e.expires_at > now()
+        ORDER BY e.completed_at DESC
+        LIMIT 1;
+    IF FOUND THEN
+        DELETE FROM hookgate_claims c
+        WHERE c.provider = p_provider AND c.provider_event_id = p_event_id
+          AND c.lease_token = p_token;
+        RETURN;
+    END IF;
+
+    RETURN QUERY SELECT NULL::text, NULL::integer, NULL::text, NULL::bytea, NULL::boolean,
+                        NULL::float8, 'fresh'::text;
+END
+$fn$;
 ";
 
 /// Brings the schema up to date; safe to run from every replica at every

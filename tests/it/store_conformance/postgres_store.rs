@@ -100,7 +100,7 @@ async fn open_creates_partitions_for_today_and_the_days_ahead() {
     replica.run_maintenance().await.unwrap();
     assert_eq!(partitions(&client).await, expected);
     let versions = row_count(&client, "hookgate_schema_migrations").await;
-    assert_eq!(versions, 3, "one row per migration, each applied once");
+    assert_eq!(versions, 4, "one row per migration, each applied once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -223,6 +223,7 @@ async fn claims_racing_a_completion_never_win() {
         Arc::new(open_postgres(&server.url()).await),
         Arc::new(open_postgres(&server.url()).await),
     ];
+    let client = raw(&server).await;
     for round in 0..20 {
         let key = key(&format!("evt_complete_race_{round}"));
         let token = fresh(stores[0].claim(&key, "fp", LONG).await.unwrap());
@@ -245,6 +246,10 @@ async fn claims_racing_a_completion_never_win() {
                 other => panic!("round {round}: a claim during completion got {other:?}"),
             }
         }
+        // A claim that got in after the holder's row went, and then found
+        // the record, took itself back.
+        let claims = row_count(&client, "hookgate_claims").await;
+        assert_eq!(claims, 0, "round {round}: a claim row outlived the race");
     }
 }
 
