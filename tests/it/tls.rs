@@ -53,13 +53,11 @@ async fn post_tls(
     roots
         .add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
         .unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(hookgate::tls::provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(config)
         .https_only()
@@ -168,13 +166,12 @@ async fn tls_exchange(port: u16, pem: &str, alpn: &[&[u8]], request: &[u8]) -> (
     roots
         .add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
         .unwrap();
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(hookgate::tls::provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
