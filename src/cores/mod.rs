@@ -7,10 +7,11 @@
 //! `crate::upstream`) stay on one thread: no work stealing, and no wake-up
 //! that crosses to another worker between reading a request and answering
 //! it. A single redis server gets a connection per core as well
-//! (`crate::store::redis`), and the core's log lines gather in a buffer
+//! (`crate::store::redis`), PostgreSQL a pool per core
+//! (`crate::store::postgres`), and the core's log lines gather in a buffer
 //! written out before the core waits (`crate::telemetry`). What the cores
 //! share runs on the main runtime: the admin listener, the relay,
-//! housekeeping, and the clients of sqlite, PostgreSQL and Redis Cluster;
+//! housekeeping, and the clients of sqlite and Redis Cluster;
 //! the sqlite store's thread hands a batch's answers back through each
 //! core's `Inbox`. (docs/BENCHMARKS.md, "The overhead work":
 //! 0.73 of the CPU per forged request, 0.87 per duplicate and 0.85 per
@@ -106,8 +107,8 @@ pub fn use_inbox(inbox: Arc<Inbox>) {
 
 /// How many cores this process may use (the cgroup's CPU quota counts),
 /// read once: the per-core pools and lanes (`crate::upstream`,
-/// `crate::store::redis`) are sized by it, and a core's index is at most
-/// it.
+/// `crate::store::redis`, `crate::store::postgres`) are sized by it, and a
+/// core's index is at most it.
 pub fn available() -> usize {
     static AVAILABLE: OnceLock<usize> = OnceLock::new();
     *AVAILABLE.get_or_init(|| thread::available_parallelism().map_or(1, |n| n.get()))
@@ -139,7 +140,7 @@ impl<T> PerCore<T> {
 }
 
 /// The runtime the gate was started on, captured where a client that every
-/// core shares is made (a PostgreSQL pool, a Redis Cluster connection).
+/// core shares is made (a Redis Cluster connection).
 /// Such a client's connection tasks are spawned on the runtime that makes
 /// them; made from a core's runtime they would live on that core's thread
 /// and stop serving the others when it stops, so they are made here.

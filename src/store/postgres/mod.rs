@@ -37,15 +37,18 @@ use tokio_postgres::{NoTls, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::StoreError;
-use crate::cores::MainRuntime;
+use crate::cores::{self, PerCore};
 use crate::store::Result;
 
 pub use self::maintenance::PartitionHealth;
 
-/// Connections per store: enough for a burst of concurrent deliveries,
-/// small beside PostgreSQL's default `max_connections` of 100 when several
-/// replicas share one server.
+/// Connections per store, shared out over the cores' pools: enough for a
+/// burst of concurrent deliveries, small beside PostgreSQL's default
+/// `max_connections` of 100 when several replicas share one server.
 const POOL_SIZE: usize = 16;
+/// The least a pool holds, so a core's round trips do not queue behind one
+/// another on a machine with many cores.
+const MIN_POOL_SIZE: usize = 4;
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
 const MAINTENANCE_RETRY: Duration = Duration::from_secs(60);
 /// One maintenance pass, DDL lock waits included, ends within this.
@@ -58,7 +61,11 @@ pub struct PostgresStore {
 }
 
 struct Inner {
-    pool: Pool,
+    /// One pool for each core that serves deliveries and one (index 0) for
+    /// every other runtime (`crate::cores::PerCore`). A connection's task is
+    /// spawned on the runtime that makes it, so a core's round trips to
+    /// PostgreSQL never leave its thread.
+    pools: PerCore<Pool>,
     /// Set once the schema is migrated (and a first maintenance pass tried).
     ready: OnceCell<()>,
     /// How long completed records must be kept: the longest retention any
@@ -68,8 +75,6 @@ struct Inner {
     /// The URL's password (as written and percent-decoded), scrubbed from
     /// every error message.
     secrets: Vec<String>,
-    /// Where new connections are made (`connection`).
-    main: MainRuntime,
 }
 
 impl PostgresStore {
@@ -101,35 +106,40 @@ impl PostgresStore {
         };
         // Without `require`, no TLS: `prefer` with a connector that verifies
         // would refuse the self-signed certificates `prefer` exists for.
-        let manager = if config.get_ssl_mode() == SslMode::Require {
+        let tls = if config.get_ssl_mode() == SslMode::Require {
             let tls = crate::tls::client_config(root_cert.as_deref().map(Path::new))
                 .map_err(|e| StoreError::Unavailable(format!("postgres: sslrootcert {e}")))?;
-            Manager::from_config(config, MakeRustlsConnect::new(tls), manager_config)
+            Some(MakeRustlsConnect::new(tls))
         } else if root_cert.is_some() {
             return Err(StoreError::Unavailable(
                 "postgres: sslrootcert is set but TLS is not required (add sslmode=verify-full)"
                     .into(),
             ));
         } else {
-            Manager::from_config(config, NoTls, manager_config)
+            None
         };
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(op_timeout))
-            .create_timeout(Some(op_timeout))
-            .recycle_timeout(Some(op_timeout))
-            .build()
-            .map_err(|e| {
-                StoreError::Unavailable(format!("postgres: cannot build the pool: {e}"))
-            })?;
+        let pool_size = (POOL_SIZE / cores::available()).max(MIN_POOL_SIZE);
+        let pools = PerCore::try_new(|| {
+            let (config, settings) = (config.clone(), manager_config.clone());
+            let manager = match &tls {
+                Some(tls) => Manager::from_config(config, tls.clone(), settings),
+                None => Manager::from_config(config, NoTls, settings),
+            };
+            Pool::builder(manager)
+                .max_size(pool_size)
+                .runtime(Runtime::Tokio1)
+                .wait_timeout(Some(op_timeout))
+                .create_timeout(Some(op_timeout))
+                .recycle_timeout(Some(op_timeout))
+                .build()
+        })
+        .map_err(|e| StoreError::Unavailable(format!("postgres: cannot build the pool: {e}")))?;
         let inner = Arc::new(Inner {
-            pool,
+            pools,
             ready: OnceCell::new(),
             retention,
             health: Mutex::new(PartitionHealth::default()),
             secrets,
-            main: MainRuntime::capture(),
         });
         match tokio::time::timeout(op_timeout, inner.ready()).await {
             Ok(Ok(())) => {}
@@ -192,21 +202,10 @@ impl Inner {
         rows.map_err(|e| self.error(e))
     }
 
-    /// A pooled connection. A connection's task is spawned on the runtime
-    /// that makes it, and every core uses every connection
-    /// (`crate::cores`): an idle one is taken here, but a new one is made
-    /// on the runtime the store was opened on (the gate's main one), not
-    /// on whichever core first needed it.
+    /// A connection from the calling core's pool (the shared one off the
+    /// cores), made on this runtime if none is idle.
     async fn connection(&self) -> Result<Client> {
-        let got = if self.pool.status().available == 0 {
-            let pool = self.pool.clone();
-            self.main
-                .run(async move { pool.get().await })
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("postgres: {e}")))?
-        } else {
-            self.pool.get().await
-        };
+        let got = self.pools.get().get().await;
         got.map_err(|e| self.pool_error(e))
     }
 

@@ -253,6 +253,70 @@ async fn claims_racing_a_completion_never_win() {
     }
 }
 
+/// The connections to this test's database other than `client`'s own.
+async fn connections(client: &tokio_postgres::Client) -> i64 {
+    let sql = "SELECT count(*) FROM pg_stat_activity
+               WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// A fresh claim of `name` made from core 1's thread, on a runtime of its
+/// own that ends with the call, as a core's does when the gate stops; the
+/// connections `client` sees right after it, while that runtime lives.
+fn claim_on_core_one(
+    store: &Arc<PostgresStore>,
+    client: &Arc<tokio_postgres::Client>,
+    name: &'static str,
+) -> i64 {
+    let (store, client) = (Arc::clone(store), Arc::clone(client));
+    std::thread::spawn(move || {
+        hookgate::cores::become_core(1);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            fresh(store.claim(&key(name), "fp", LONG).await.unwrap());
+            connections(&client).await
+        })
+    })
+    .join()
+    .expect("the claim on core 1")
+}
+
+/// A core claims on a pool of its own, whose connections' tasks run on its
+/// thread: it makes a connection rather than take the idle one the main
+/// runtime made, and when its runtime stops, the main runtime's connections
+/// go on serving, and the core's next runtime connects again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_core_claims_on_connections_of_its_own() {
+    let server = PostgresServer::start();
+    let store = Arc::new(open_postgres(&server.url()).await);
+    let client = Arc::new(raw(&server).await);
+    fresh(
+        store
+            .claim(&key("evt_main_first"), "fp", LONG)
+            .await
+            .unwrap(),
+    );
+    let before = connections(&client).await;
+
+    let during = claim_on_core_one(&store, &client, "evt_core_first");
+    assert_eq!(
+        during,
+        before + 1,
+        "core 1 used a connection of the main runtime"
+    );
+
+    fresh(
+        store
+            .claim(&key("evt_main_again"), "fp", LONG)
+            .await
+            .unwrap(),
+    );
+    claim_on_core_one(&store, &client, "evt_core_again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_malformed_url_never_shows_the_password() {
     const PASSWORD: &str = "s3cr3t-Pa55word";
