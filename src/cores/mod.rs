@@ -125,10 +125,11 @@ impl<T> PerCore<T> {
         Self((0..=available()).map(|_| make()).collect())
     }
 
-    /// Like `new`, stopping at the first `make` that fails.
-    pub fn try_new<E>(mut make: impl FnMut() -> Result<T, E>) -> Result<Self, E> {
+    /// Like `new`, stopping at the first `make` that fails; `make` is given
+    /// the index it makes for (0: off the cores).
+    pub fn try_new<E>(make: impl FnMut(usize) -> Result<T, E>) -> Result<Self, E> {
         (0..=available())
-            .map(|_| make())
+            .map(make)
             .collect::<Result<_, _>>()
             .map(Self)
     }

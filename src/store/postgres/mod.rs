@@ -42,13 +42,19 @@ use crate::store::Result;
 
 pub use self::maintenance::PartitionHealth;
 
-/// Connections per store, shared out over the cores' pools: enough for a
-/// burst of concurrent deliveries, small beside PostgreSQL's default
-/// `max_connections` of 100 when several replicas share one server.
+/// Connections per store: enough for a burst of concurrent deliveries,
+/// small beside PostgreSQL's default `max_connections` of 100 when several
+/// replicas share one server. `OFF_CORES` of them are the pool of the main
+/// runtime (the relay, maintenance, the admin port, releases at shutdown),
+/// the rest shared out over the cores' pools, each of which may open at
+/// least `MIN_PER_CORE`: 16 in all on up to 3 cores, 4 more per core
+/// beyond.
 const POOL_SIZE: usize = 16;
-/// The least a pool holds, so a core's round trips do not queue behind one
-/// another on a machine with many cores.
-const MIN_POOL_SIZE: usize = 4;
+const OFF_CORES: usize = 4;
+/// So that a core that takes most of the deliveries (one sender's HTTP/2
+/// connection stays on one core) is not left one or two connections on a
+/// machine with many cores.
+const MIN_PER_CORE: usize = 4;
 const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(3600);
 const MAINTENANCE_RETRY: Duration = Duration::from_secs(60);
 /// One maintenance pass, DDL lock waits included, ends within this.
@@ -118,15 +124,15 @@ impl PostgresStore {
         } else {
             None
         };
-        let pool_size = (POOL_SIZE / cores::available()).max(MIN_POOL_SIZE);
-        let pools = PerCore::try_new(|| {
+        let per_core = ((POOL_SIZE - OFF_CORES) / cores::available()).max(MIN_PER_CORE);
+        let pools = PerCore::try_new(|core| {
             let (config, settings) = (config.clone(), manager_config.clone());
             let manager = match &tls {
                 Some(tls) => Manager::from_config(config, tls.clone(), settings),
                 None => Manager::from_config(config, NoTls, settings),
             };
             Pool::builder(manager)
-                .max_size(pool_size)
+                .max_size(if core == 0 { OFF_CORES } else { per_core })
                 .runtime(Runtime::Tokio1)
                 .wait_timeout(Some(op_timeout))
                 .create_timeout(Some(op_timeout))

@@ -251,7 +251,7 @@ fn snapshot(row: &Row) -> Snapshot {
 }
 
 /// Retry-After has a one-second resolution: never say zero.
-pub(super) fn in_flight(seconds_left: f64) -> Existing {
+fn in_flight(seconds_left: f64) -> Existing {
     let left = Duration::try_from_secs_f64(seconds_left).unwrap_or_default();
     Existing::InFlight {
         retry_after: left.max(Duration::from_secs(1)),

@@ -75,7 +75,7 @@ impl Link {
             .set_number_of_retries(RECONNECT_RETRIES)
             .set_min_delay(RECONNECT_MIN_DELAY)
             .set_max_delay(op_timeout);
-        let lanes = PerCore::try_new(|| {
+        let lanes = PerCore::try_new(|_| {
             let manager = ConnectionManager::new_lazy_with_config(client.clone(), config.clone())?;
             Ok::<_, RedisError>(Lane {
                 manager: Arc::new(Mutex::new(manager)),

@@ -253,10 +253,12 @@ async fn claims_racing_a_completion_never_win() {
     }
 }
 
-/// The connections to this test's database other than `client`'s own.
+/// The client connections to this test's database other than `client`'s
+/// own (not autovacuum's workers, which come and go).
 async fn connections(client: &tokio_postgres::Client) -> i64 {
     let sql = "SELECT count(*) FROM pg_stat_activity
-               WHERE datname = current_database() AND pid <> pg_backend_pid()";
+               WHERE datname = current_database() AND pid <> pg_backend_pid()
+                 AND backend_type = 'client backend'";
     client.query_one(sql, &[]).await.unwrap().get(0)
 }
 
