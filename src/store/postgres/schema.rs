@@ -102,9 +102,10 @@ CREATE INDEX hookgate_outbox_expired ON hookgate_outbox (expires_at) WHERE state
 /// six round trips (a lookup, `BEGIN`, the insert, the lookup again,
 /// `COMMIT`, then the mark), four of them the claim's after its first
 /// lookup. That lookup stays a plain statement before the call (`claim_key`
-/// in `operations.rs`): the common duplicate ends there, and a PL/pgSQL call
-/// cost PostgreSQL a fifth of its duplicates per second (docs/BENCHMARKS.md,
-/// The overhead work). In order, as `PostgresStore::claim` explains:
+/// in `operations.rs`): the common duplicate ends there, and a version that
+/// made it inside the call too cost PostgreSQL more per duplicate than it
+/// saved (docs/BENCHMARKS.md, The overhead work). In order, as
+/// `PostgresStore::claim` explains:
 ///
 /// 1. the claim's insert, which waits on whoever holds the key's row; when
 ///    its WHERE fails, the holder's live claim (locked until the caller's
