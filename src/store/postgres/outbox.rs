@@ -6,8 +6,8 @@
 //! the way `claim` does, with the same call (`claim_key`): it inserts the
 //! key's row in `hookgate_claims` (waiting on whoever holds it), looks for a
 //! completed record again in a new statement, and only then writes the
-//! record and the job. The claim
-//! row is deleted before the commit, so nobody ever sees it.
+//! record and the job. The claim row is deleted before the commit, so
+//! nobody ever sees it.
 
 use std::time::Duration;
 
