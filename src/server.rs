@@ -68,6 +68,16 @@ pub struct Conn {
 /// whose first bytes so far are a part of HTTP/2's preface. At 256
 /// connections: peak heap 14.1 -> 12.0 MB, peak RSS 0.4 to 1.7 MiB lower
 /// (docs/BENCHMARKS.md, Memory).
+///
+/// Both HTTP/1 servers allow a half-close. By default hyper reads on once
+/// a request's body is in, to notice a client that leaves before its
+/// answer; that read reserves a new 8 KiB buffer while the body, a slice of
+/// the first, still holds it, so every delivery in flight held two. With
+/// `half_close` nothing is read until the answer is written: a client may
+/// shut its side after the request and still get the answer (HTTP/1.1
+/// allows it), and one that has left is found when the answer is written
+/// to it. Nothing is lost by that: a delivery runs to its end in a task of
+/// its own whether or not its sender waits (`crate::pipeline`).
 struct Protocols {
     http1: http1::Builder,
     auto: auto::Builder<TokioExecutor>,
@@ -183,12 +193,14 @@ impl Protocols {
         http1
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
-            .max_buf_size(limits.max_header_bytes);
+            .max_buf_size(limits.max_header_bytes)
+            .half_close(true);
         let mut auto = auto::Builder::new(TokioExecutor::new());
         auto.http1()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
-            .max_buf_size(limits.max_header_bytes);
+            .max_buf_size(limits.max_header_bytes)
+            .half_close(true);
         auto.http2()
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));

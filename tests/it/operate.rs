@@ -297,3 +297,48 @@ async fn a_sender_that_hangs_up_in_the_middle_of_the_body_is_counted_and_reaches
     assert_eq!(gate.upstream().count(), 0);
     gate.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_sender_that_shuts_its_side_after_the_request_still_gets_the_answer() {
+    // A client may end its write side once the request is out (`shutdown`,
+    // HTTP/1.1's half-close) and wait for the answer. The gate does not read
+    // that end of stream as the sender leaving: the delivery goes through
+    // and its answer is written.
+    let up = Upstream::start().await;
+    up.set(Behavior::Stall(Duration::from_millis(300)));
+    let gate = GateFixture::stripe().upstream(&up).start().await;
+    let body = stripe_event("evt_half_closed");
+    let (addr, headers) = (gate.addr, gate.sign(&body));
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut head = format!(
+            "POST /webhooks/stripe HTTP/1.1\r\nhost: gate\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        for (name, value) in &headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.write_all(head.as_bytes()).unwrap();
+        stream.write_all(&body).unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).unwrap();
+        String::from_utf8_lossy(&got).into_owned()
+    })
+    .await
+    .unwrap();
+
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("hookgate-result: forwarded"),
+        "{answer:?}"
+    );
+    assert_eq!(up.count(), 1);
+    gate.shutdown().await;
+}
