@@ -71,13 +71,19 @@ pub struct Conn {
 ///
 /// Both HTTP/1 servers allow a half-close. By default hyper reads on once
 /// a request's body is in, to notice a client that leaves before its
-/// answer; that read reserves a new 8 KiB buffer while the body, a slice of
-/// the first, still holds it, so every delivery in flight held two. With
-/// `half_close` nothing is read until the answer is written: a client may
-/// shut its side after the request and still get the answer (HTTP/1.1
-/// allows it), and one that has left is found when the answer is written
-/// to it. Nothing is lost by that: a delivery runs to its end in a task of
-/// its own whether or not its sender waits (`crate::pipeline`).
+/// answer; that read reserves a new 8 KiB buffer for every request, at
+/// once, while the request's head and body (slices of the first) still
+/// hold the first, until the delivery copies them off
+/// (`crate::pipeline::read::unshare`). With `half_close` nothing is read
+/// until the answer is written, and the next request's read reuses the
+/// first buffer. A client may shut its side after the request and still
+/// get the answer; one that has left is found only once its answer is
+/// written (by that write failing, or the read after it). Nothing is lost
+/// by that: a delivery runs to its end in a task of its own whether or not
+/// its sender waits (`crate::pipeline`). A passthrough request, which is
+/// not spawned, now runs to the app's answer too instead of being dropped
+/// when its client leaves, and a connection whose client has left keeps
+/// its `server.max_connections` slot until its answer is written.
 struct Protocols {
     http1: http1::Builder,
     auto: auto::Builder<TokioExecutor>,
