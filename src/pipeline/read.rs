@@ -55,8 +55,9 @@ pub async fn read(
 /// connection) and hands a small body out the same way; held for the whole
 /// delivery they keep it alive, so that hyper's next read into it (the next
 /// request's head, or HTTP/2's next frames) allocates another. Copying the
-/// few hundred bytes of a webhook lets it reuse the first. One allocation holds them all, so the head's values stay
-/// cheap to clone (a reference count) when the request is forwarded.
+/// few hundred bytes of a webhook lets it reuse the first. One allocation
+/// holds them all, so the head's values stay cheap to clone (a reference
+/// count) when the request is forwarded.
 pub fn unshare(head: &mut request::Parts, body: Bytes) -> Bytes {
     let path = head
         .uri
