@@ -79,6 +79,36 @@ pub async fn post(
     .await
 }
 
+/// The head of an HTTP/1.1 POST to `path` as it goes on the wire, for
+/// tests that write to the socket themselves: `host`, `content-length`,
+/// `extra` (header lines, each ending in CRLF), then `headers`.
+pub fn raw_head(
+    path: &str,
+    extra: &str,
+    headers: &[(String, String)],
+    content_length: usize,
+) -> String {
+    let mut head = format!(
+        "POST {path} HTTP/1.1\r\nhost: gate\r\ncontent-length: {content_length}\r\n{extra}"
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
+/// Asserts that a raw HTTP/1.1 answer is a 200 that the app answered.
+pub fn assert_raw_forwarded(answer: &str) {
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("hookgate-result: forwarded"),
+        "{answer:?}"
+    );
+}
+
 /// A delivery of `body` to `path` that stops halfway: its head, asking for
 /// `100 Continue` (so that the gate is known to be reading the body once
 /// it comes), then half the body. The caller hangs up by dropping the
@@ -91,14 +121,7 @@ pub fn half_sent(
 ) -> std::net::TcpStream {
     use std::io::{Read, Write};
 
-    let mut head = format!(
-        "POST {path} HTTP/1.1\r\nhost: gate\r\ncontent-length: {}\r\nexpect: 100-continue\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
+    let head = raw_head(path, "expect: 100-continue\r\n", headers, body.len());
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(std::time::Duration::from_secs(10)))
