@@ -35,6 +35,9 @@ pub struct Settings {
 pub struct Faults {
     /// Panic in the delivery task once its claims are held.
     pub panic_after_claim: bool,
+    /// Hold each delivery's marks back this long once its sender has the
+    /// answer.
+    pub mark_delay: Option<std::time::Duration>,
 }
 
 #[derive(Clone, Debug, Default)]

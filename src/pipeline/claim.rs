@@ -56,6 +56,13 @@ pub async fn claim(
 ) -> Result<Claimed, GateError> {
     let (firsts, slot) = distinct(identities);
     let store = cx.store;
+    // A redelivery of a key whose first delivery here has answered its
+    // sender and is still making the mark: waiting for the mark (one store
+    // operation, bounded by the store's timeout) answers it as the
+    // duplicate it is, where claiming now would find the key in flight.
+    if let Some(marked) = cx.inflight.marking(firsts.iter().map(|id| &id.key)) {
+        let _ = tokio::time::timeout(store.op_timeout(), marked).await;
+    }
     let answers = match firsts.as_slice() {
         // The common case, without join_all's allocations.
         [one] => vec![store.claim(&one.key, &one.fingerprint, cx.lease).await],

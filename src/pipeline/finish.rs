@@ -14,6 +14,7 @@ use std::time::Duration;
 use http::Response;
 use http::header::{self, HeaderValue};
 use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::held::{self, HeldClaims};
 use crate::body::{self, ProxyBody};
@@ -33,9 +34,10 @@ const MARK_BACKOFF_MAX: Duration = Duration::from_secs(1);
 pub struct Marks {
     store: Arc<Store>,
     metrics: Arc<Metrics>,
-    /// Retries still running: shutdown waits for them within its grace,
-    /// since a mark given up is a delivery the next redelivery would
-    /// process again.
+    /// Marks not made yet, those of answered deliveries (`Settle`) and
+    /// the retries: shutdown waits for them within its grace, since a
+    /// mark given up is a delivery the next redelivery would process
+    /// again.
     pending: TaskTracker,
     lease: Duration,
     max_response_bytes: usize,
@@ -57,33 +59,36 @@ impl Marks {
         }
     }
 
-    /// The retries still running.
+    /// The marks not made yet.
     pub fn pending(&self) -> &TaskTracker {
         &self.pending
     }
 }
 
-/// Finishes a forwarded delivery: marks or releases what it holds (nothing,
-/// when it was forwarded without a key) and answers the sender.
+/// Finishes a forwarded delivery: releases what it holds when the app did
+/// not take it, and answers the sender. When it did (2xx), the keys are
+/// marked after the answer has gone: [`Settle`], which the runner runs
+/// once the sender has its answer (SPEC section 1, step 9: the answer does
+/// not wait on the mark, a failed one is retried in the background).
 pub async fn finish(
     marks: &Marks,
     settings: &ProviderSettings,
     held: Option<HeldClaims>,
     answer: Result<Buffered, UpstreamError>,
-) -> Result<(Response<ProxyBody>, Outcome), GateError> {
+) -> Result<(Response<ProxyBody>, Outcome, Option<Settle>), GateError> {
     let answer = match answer {
         Ok(answer) if answer.parts.status.is_success() => {
-            if let Some(held) = held {
+            let settle = held.map(|held| {
                 if let Some(cut) = &answer.cut {
                     tracing::warn!(provider = %settings.name, cut = %cut, "the app answered 2xx with a body cut short; marked processed");
                 }
-                let snapshot = snapshot(&answer, marks.max_response_bytes);
-                for (key, token) in held.claims() {
-                    mark(marks, settings, key, token, &snapshot).await;
+                Settle {
+                    held,
+                    snapshot: snapshot(&answer, marks.max_response_bytes),
+                    _pending: marks.pending.token(),
                 }
-                held.settled();
-            }
-            return Ok((relay(answer, "forwarded"), Outcome::Forwarded));
+            });
+            return Ok((relay(answer, "forwarded"), Outcome::Forwarded, settle));
         }
         other => other,
     };
@@ -92,9 +97,39 @@ pub async fn finish(
         held.settled();
     }
     match answer {
-        Ok(answer) => Ok((relay(answer, "upstream_error"), Outcome::UpstreamError)),
+        Ok(answer) => Ok((
+            relay(answer, "upstream_error"),
+            Outcome::UpstreamError,
+            None,
+        )),
         Err(UpstreamError::Timeout(d)) => Err(GateError::UpstreamTimeout(d)),
         Err(e) => Err(GateError::UpstreamUnreachable(e.to_string())),
+    }
+}
+
+/// The marks of a delivery the app took: its held claims and the answer
+/// they record.
+pub struct Settle {
+    held: HeldClaims,
+    snapshot: Snapshot,
+    /// Counted in `Marks::pending` from before the answer until the marks
+    /// are made: a gate shutting down waits for them.
+    _pending: TaskTrackerToken,
+}
+
+impl Settle {
+    /// The sender is about to have its answer: from now a redelivery of
+    /// these keys waits for their marks (`Inflight::marking`).
+    pub fn answered(&self) {
+        self.held.answered();
+    }
+
+    /// Marks every held key completed.
+    pub async fn run(self, marks: &Marks, settings: &ProviderSettings) {
+        for (key, token) in self.held.claims() {
+            mark(marks, settings, key, token, &self.snapshot).await;
+        }
+        self.held.settled();
     }
 }
 

@@ -7,38 +7,112 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
+
 use crate::store::{Backend, LeaseToken, ScopedKey, Store};
 
 /// A claim a delivery holds: the key and the token that owns it.
 pub type Held = (ScopedKey, LeaseToken);
 
-/// Every claim held by a running delivery, for shutdown: what is still held
-/// once the cores have stopped is released, so the senders' retries get
-/// through at once instead of waiting out the lease.
+/// Every claim held by a running delivery, by its key. For shutdown: what
+/// is still held once the cores have stopped is released, so the senders'
+/// retries get through at once instead of waiting out the lease. And for a
+/// redelivery that comes while its first delivery's mark is still on the
+/// way (the sender is answered before the mark: `finish::Settle`): it
+/// waits for the mark ([`Inflight::marking`]) and is answered as a
+/// duplicate, as the first answer promised, where the store alone would
+/// still say the key is in flight.
 #[derive(Default)]
-pub struct Inflight(Mutex<HashMap<LeaseToken, ScopedKey>>);
+pub struct Inflight(Mutex<HashMap<ScopedKey, Holder>>);
+
+/// Who holds a key in this process.
+struct Holder {
+    token: LeaseToken,
+    /// Its sender has the answer; the mark is being made.
+    answered: bool,
+    /// Redeliveries waiting for that mark, once one waits.
+    waiting: Option<Arc<Notify>>,
+}
 
 impl Inflight {
-    fn lock(&self) -> MutexGuard<'_, HashMap<LeaseToken, ScopedKey>> {
-        // Every update is a single insert or remove: a panic elsewhere
-        // cannot leave the map half-written.
+    fn lock(&self) -> MutexGuard<'_, HashMap<ScopedKey, Holder>> {
+        // Every update is a single insert, change or remove: a panic
+        // elsewhere cannot leave the map half-written.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// No longer tracks `claims`: they were marked or released.
-    fn forget(&self, claims: &[Held]) {
+    /// Tracks `claims`. A key held already is one whose lease ran out
+    /// under its first delivery: the new claim replaces it, since the old
+    /// token can neither mark nor release it any more.
+    fn hold(&self, claims: &[Held]) {
         let mut map = self.lock();
-        for (_, token) in claims {
-            map.remove(token);
+        for (key, token) in claims {
+            let holder = Holder {
+                token: token.clone(),
+                answered: false,
+                waiting: None,
+            };
+            map.insert(key.clone(), holder);
         }
+    }
+
+    /// The senders of `claims` have their answers; the marks follow.
+    fn answered(&self, claims: &[Held]) {
+        let mut map = self.lock();
+        for (key, token) in claims {
+            if let Some(holder) = map.get_mut(key).filter(|h| h.token == *token) {
+                holder.answered = true;
+            }
+        }
+    }
+
+    /// No longer tracks `claims`: they were marked or released. Whoever
+    /// waited for them is woken.
+    fn forget(&self, claims: &[Held]) {
+        let mut woken = Vec::new();
+        let mut map = self.lock();
+        for (key, token) in claims {
+            if map.get(key).is_some_and(|h| h.token == *token)
+                && let Some(Holder {
+                    waiting: Some(waiting),
+                    ..
+                }) = map.remove(key)
+            {
+                woken.push(waiting);
+            }
+        }
+        drop(map);
+        for waiting in woken {
+            waiting.notify_waiters();
+        }
+    }
+
+    /// When one of `keys` is held by a delivery of this process that has
+    /// answered its sender and is making its mark: a future that resolves
+    /// once that mark is made (or given up). `None` otherwise, the usual
+    /// case, at the cost of one lookup per key.
+    pub fn marking<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k ScopedKey>,
+    ) -> Option<OwnedNotified> {
+        let mut map = self.lock();
+        let key = keys
+            .into_iter()
+            .find(|key| map.get(*key).is_some_and(|h| h.answered))?;
+        let holder = map.get_mut(key)?;
+        let waiting = Arc::clone(holder.waiting.get_or_insert_with(Arc::default));
+        // Made under the lock: `notify_waiters` wakes every future made
+        // before it, polled or not, so the mark cannot land unseen.
+        Some(waiting.notified_owned())
     }
 
     /// Releases every claim still held; returns how many were.
     pub async fn release_all(&self, store: &Store) -> usize {
         let held: Vec<_> = self.lock().drain().collect();
         let mut released = 0;
-        for (token, key) in held {
-            match store.release(&key, &token).await {
+        for (key, holder) in held {
+            match store.release(&key, &holder.token).await {
                 Ok(true) => released += 1,
                 Ok(false) => {}
                 Err(e) => tracing::warn!(key = %key, error = %e, "release at shutdown failed"),
@@ -57,11 +131,7 @@ pub struct HeldClaims {
 
 impl HeldClaims {
     pub fn new(store: &Arc<Store>, inflight: &Arc<Inflight>, claims: Vec<Held>) -> Self {
-        let mut map = inflight.lock();
-        for (key, token) in &claims {
-            map.insert(token.clone(), key.clone());
-        }
-        drop(map);
+        inflight.hold(&claims);
         Self {
             store: Arc::clone(store),
             inflight: Arc::clone(inflight),
@@ -71,6 +141,11 @@ impl HeldClaims {
 
     pub fn claims(&self) -> &[Held] {
         &self.claims
+    }
+
+    /// The sender has its answer; the marks follow ([`Inflight::marking`]).
+    pub fn answered(&self) {
+        self.inflight.answered(&self.claims);
     }
 
     /// The claims were marked or released: nothing is left to do on drop.

@@ -41,6 +41,7 @@ use std::sync::Arc;
 use futures_util::FutureExt;
 use http::{Method, Request, Response, request};
 use hyper::body::Incoming;
+use tokio::sync::oneshot;
 
 use self::accept::AcceptContext;
 use self::claim::{ClaimContext, Claims};
@@ -57,7 +58,7 @@ use crate::metrics::Metrics;
 use crate::route::Route;
 use crate::server::Conn;
 use crate::settings::{Mode, ProviderSettings};
-use crate::telemetry::trace::Stage;
+use crate::telemetry::trace::{Stage, StageSpan};
 use crate::telemetry::{DeliveryRecord, Outcome, Verification};
 
 /// Entry point for every request on the public listener.
@@ -91,16 +92,20 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     // output) by value when it spawns it, stores it and reads and drops
     // the output, and a delivery's future is some 3.5 KiB; boxed, the
     // stage is the size of the output, for one allocation.
-    let task = tokio::spawn(Box::pin(deliver(gate, index, req, conn)));
-    match task.await {
+    // The answer comes back on a channel of its own: the task runs on
+    // after it, to mark what the app took (`finish::Settle`).
+    let (answer, answered) = oneshot::channel();
+    tokio::spawn(Box::pin(deliver(gate, index, req, conn, answer)));
+    match answered.await {
         Ok(response) => response,
         // `deliver` contains its own panics, so this is a runtime shutting
         // down under it.
-        Err(e) => GateError::Internal(e.to_string()).to_response(),
+        Err(_) => GateError::Internal("the delivery's task was dropped".into()).to_response(),
     }
 }
 
-/// Runs the stages for one delivery and writes its log line. A panic in a
+/// Runs the stages for one delivery, sends the answer, makes the marks of
+/// an event the app took and writes the delivery's log line. A panic in a
 /// stage is a defect: it is answered 500 `internal_error`, logged and
 /// counted like any outcome, and its claims are released as the stages'
 /// future unwinds (`held::HeldClaims`).
@@ -109,7 +114,8 @@ async fn deliver(
     index: usize,
     req: Request<Incoming>,
     conn: Conn,
-) -> Response<ProxyBody> {
+    answer: oneshot::Sender<Response<ProxyBody>>,
+) {
     let _delivering = crate::cores::Delivering::start();
     let provider = &gate.providers[index];
     let (head, incoming) = req.into_parts();
@@ -129,27 +135,72 @@ async fn deliver(
     };
     let record = unfinished.record();
     let run = stages(&gate, provider, conn, head, incoming, record);
-    let response = match AssertUnwindSafe(run).catch_unwind().await {
-        Ok(Ok(response)) => response,
+    let (response, settle) = match AssertUnwindSafe(run).catch_unwind().await {
+        Ok(Ok(answered)) => (answered.response, answered.settle),
         Ok(Err(error)) => {
             record.fail(&error);
-            error.to_response()
+            (error.to_response(), None)
         }
         Err(panic) => {
             let error = GateError::Internal(panic_message(panic.as_ref()));
             record.fail(&error);
-            error.to_response()
+            (error.to_response(), None)
         }
     };
+    record.answered();
+    if let Some((settle, _)) = &settle {
+        settle.answered();
+    }
+    let _ = answer.send(response);
+    if let Some((settle, span)) = settle {
+        mark_after_answer(&gate, provider, settle).await;
+        drop(span);
+    }
     unfinished.emit();
-    response
+}
+
+/// Makes the marks of a delivery whose sender has been answered (SPEC
+/// section 1, step 9: the answer does not wait on them). A redelivery
+/// meanwhile waits for them (`held::Inflight::marking`).
+async fn mark_after_answer(gate: &Gate, provider: &Provider, settle: finish::Settle) {
+    // The connection's task writes the answer before the marks run: on a
+    // core with nothing else in flight the sqlite store runs them inline
+    // (`store::sqlite`), which would hold the answer back.
+    tokio::task::yield_now().await;
+    if let Some(delay) = gate.settings.faults.mark_delay {
+        tokio::time::sleep(delay).await;
+    }
+    let marked = AssertUnwindSafe(settle.run(&gate.marks, &provider.settings));
+    if let Err(panic) = marked.catch_unwind().await {
+        tracing::error!(
+            panic = panic_message(panic.as_ref()),
+            "a delivery's marks panicked after its sender was answered; its claims are released"
+        );
+    }
+}
+
+/// What the stages end with: the sender's answer, and the marks to make
+/// once it has gone, with the finish stage's span to end after them.
+struct Answered {
+    response: Response<ProxyBody>,
+    settle: Option<(finish::Settle, StageSpan)>,
+}
+
+impl From<Response<ProxyBody>> for Answered {
+    fn from(response: Response<ProxyBody>) -> Self {
+        Self {
+            response,
+            settle: None,
+        }
+    }
 }
 
 /// A delivery's record until its line is written. The delivery's task is
 /// dropped, stages and all, when its core stops under it: the shutdown's
 /// grace ran out with the app still working or the body still coming.
 /// Such a delivery still gets its line, is counted and its span ended, as
-/// `internal_error`. Its claims are released once the cores have stopped
+/// `internal_error`, or as what its sender was told when only its marks
+/// were left (with a warning). Its claims are released once the cores have stopped
 /// (`Gate::release_inflight`); only a claim whose answer the dropped task
 /// never read (the store granted it as the task went) waits out its lease.
 struct Unfinished<'a> {
@@ -176,9 +227,18 @@ impl Unfinished<'_> {
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
         if let Some(mut record) = self.record.take() {
-            record.fail(&GateError::Internal(
-                "the gate stopped before the delivery finished (shutdown grace elapsed)".into(),
-            ));
+            if record.is_answered() {
+                // The sender has its answer; the marks were cut off.
+                tracing::warn!(
+                    provider = record.provider.as_str(),
+                    key = record.key.as_deref(),
+                    "the gate stopped before the delivery's marks were made (shutdown grace elapsed); its claims are released"
+                );
+            } else {
+                record.fail(&GateError::Internal(
+                    "the gate stopped before the delivery finished (shutdown grace elapsed)".into(),
+                ));
+            }
             record.emit(self.metrics);
         }
     }
@@ -192,7 +252,7 @@ async fn stages(
     head: request::Parts,
     incoming: Incoming,
     record: &mut DeliveryRecord,
-) -> Result<Response<ProxyBody>, GateError> {
+) -> Result<Answered, GateError> {
     let source = Source {
         limit: gate.source_limit.as_ref(),
         header: gate.settings.server.client_ip_header.as_ref(),
@@ -238,7 +298,7 @@ async fn queued(
     read: &Read<'_>,
     identities: &[plan::Identity],
     record: &mut DeliveryRecord,
-) -> Result<Response<ProxyBody>, GateError> {
+) -> Result<Answered, GateError> {
     let span = record.stage(Stage::Accept);
     let cx = AcceptContext {
         store: &read.gate.store,
@@ -255,7 +315,7 @@ async fn queued(
     } else {
         Outcome::Duplicate
     };
-    Ok(accepted.response)
+    Ok(accepted.response.into())
 }
 
 /// Forward mode: claim every key, then forward a fresh delivery (or answer
@@ -264,7 +324,7 @@ async fn claimed(
     read: &Read<'_>,
     identities: &[plan::Identity],
     record: &mut DeliveryRecord,
-) -> Result<Response<ProxyBody>, GateError> {
+) -> Result<Answered, GateError> {
     let Read { gate, settings, .. } = read;
     let cx = ClaimContext {
         store: &gate.store,
@@ -279,7 +339,7 @@ async fn claimed(
         Claims::Replay(snapshot) => {
             record.outcome = Outcome::Duplicate;
             record.upstream_status = Some(snapshot.status);
-            return Ok(finish::stored(snapshot, "duplicate"));
+            return Ok(finish::stored(snapshot, "duplicate").into());
         }
         Claims::Fresh { held, partial } => (held, partial),
     };
@@ -298,7 +358,7 @@ async fn send(
     held: Option<HeldClaims>,
     payload: Payload,
     record: &mut DeliveryRecord,
-) -> Result<Response<ProxyBody>, GateError> {
+) -> Result<Answered, GateError> {
     let span = record.stage(Stage::Forward);
     let Read { gate, settings, .. } = read;
     let answer = forward::send(
@@ -314,9 +374,15 @@ async fn send(
     record.upstream_status = answer.as_ref().ok().map(|a| a.parts.status.as_u16());
     let span = record.stage(Stage::Finish);
     let finished = finish::finish(&gate.marks, settings, held, answer).await;
-    let (response, outcome) = span.end(finished)?;
+    let (response, outcome, settle) = match finished {
+        Ok(finished) => finished,
+        Err(error) => return span.end(Err(error)),
+    };
     record.outcome = outcome;
-    Ok(response)
+    Ok(Answered {
+        response,
+        settle: settle.map(|settle| (settle, span)),
+    })
 }
 
 /// Where tests inject a defect (`Settings::faults`): claims are held.

@@ -279,6 +279,11 @@ impl Store {
         })
     }
 
+    /// The bound of one operation.
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
     /// Records every operation's duration in `metrics`
     /// (`hookgate_store_operation_duration_seconds`).
     pub fn timed_by(mut self, metrics: Arc<Metrics>) -> Self {

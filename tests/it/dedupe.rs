@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use hookgate::provider::Scheme;
+use hookgate::store::{Backend, Existing, ScopedKey};
 
 use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::{SECRET, post, signed, stripe_event};
@@ -74,6 +75,71 @@ async fn two_gates_sharing_one_redis_make_one_call() {
     concurrent_copies(&[a.addr, b.addr], a.upstream(), 50).await;
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// The sender is answered as soon as the app has answered, before the key
+/// is marked; a redelivery that comes before the mark lands waits for it
+/// and is answered as a duplicate, not `in_flight`.
+async fn a_redelivery_waits_for_the_mark_on(store: StoreConfig) {
+    // The mark held back for long enough to look at the store before it;
+    // the store's timeout, which bounds the redelivery's wait, above that.
+    let gate = GateFixture::stripe()
+        .store(store.timeout("20s"))
+        .settings(|s| s.faults.mark_delay = Some(Duration::from_secs(2)))
+        .start()
+        .await;
+    let body = stripe_event("evt_answered_first");
+    let first = gate.deliver(&body).await;
+    assert_eq!(first.result(), "forwarded", "{first:?}");
+    let key = ScopedKey::new("stripe", "evt_answered_first");
+    let record = gate.gate.store.get(&key).await.unwrap().expect("claimed");
+    assert!(
+        matches!(record.state, Existing::InFlight { .. }),
+        "answered before the mark: {:?}",
+        record.state
+    );
+
+    let again = gate.deliver(&body).await;
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.result(), "duplicate");
+    assert_eq!(again.body, first.body);
+    let record = gate.gate.store.get(&key).await.unwrap().expect("marked");
+    assert!(matches!(record.state, Existing::Completed(_)));
+    assert_eq!(gate.upstream().count(), 1);
+    gate.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_redelivery_waits_for_the_mark_on_sqlite() {
+    a_redelivery_waits_for_the_mark_on(StoreConfig::sqlite()).await;
+}
+
+#[tokio::test]
+async fn a_redelivery_waits_for_the_mark_on_redis() {
+    let redis = RedisServer::start();
+    a_redelivery_waits_for_the_mark_on(StoreConfig::on(&redis)).await;
+}
+
+/// A gate that stops while an answered delivery's mark is still to be
+/// made makes it first: the next gate on the store answers the
+/// redelivery as a duplicate.
+#[tokio::test]
+async fn a_mark_still_to_make_at_shutdown_is_made() {
+    let first = GateFixture::stripe()
+        .settings(|s| s.faults.mark_delay = Some(Duration::from_millis(500)))
+        .start()
+        .await;
+    let body = stripe_event("evt_marked_at_shutdown");
+    let answer = first.deliver(&body).await;
+    assert_eq!(answer.result(), "forwarded");
+    let config = first.fixture().clone();
+    first.shutdown().await;
+
+    let second = config.start().await;
+    let again = second.deliver(&body).await;
+    assert_eq!(again.result(), "duplicate", "{again:?}");
+    assert_eq!(second.upstream().count(), 1);
+    second.shutdown().await;
 }
 
 #[tokio::test]
