@@ -83,8 +83,9 @@ impl Running {
         for task in self.tasks {
             let _ = task.await;
         }
-        // Marks still being retried (the store was down when their
-        // deliveries finished) get what is left of the grace.
+        // Marks not made yet get what is left of the grace: those of
+        // deliveries already answered, and those being retried (the store
+        // was down when their deliveries finished).
         let marks = self.gate.marks.pending();
         marks.close();
         if tokio::time::timeout_at(deadline, marks.wait())
@@ -93,7 +94,7 @@ impl Running {
         {
             tracing::warn!(
                 pending = marks.len(),
-                "grace elapsed with marks still pending: their leases will expire"
+                "grace elapsed with marks still to make: an answered delivery's claims are released, a retried mark's expire with its lease"
             );
         }
         // Before the exporters stop: a delivery the grace cut off is logged,

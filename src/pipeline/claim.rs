@@ -56,12 +56,16 @@ pub async fn claim(
 ) -> Result<Claimed, GateError> {
     let (firsts, slot) = distinct(identities);
     let store = cx.store;
-    // A redelivery of a key whose first delivery here has answered its
-    // sender and is still making the mark: waiting for the mark (one store
-    // operation, bounded by the store's timeout) answers it as the
-    // duplicate it is, where claiming now would find the key in flight.
-    if let Some(marked) = cx.inflight.marking(firsts.iter().map(|id| &id.key)) {
-        let _ = tokio::time::timeout(store.op_timeout(), marked).await;
+    // A redelivery of keys whose first deliveries here have answered their
+    // senders and are still making the marks: waiting for the marks (a
+    // store operation per key, the wait bounded by the store's timeout)
+    // answers it as the duplicate it is, where claiming now would find the
+    // keys in flight.
+    let deadline = tokio::time::Instant::now() + store.op_timeout();
+    while let Some(marked) = cx.inflight.marking(firsts.iter().map(|id| &id.key)) {
+        if tokio::time::timeout_at(deadline, marked).await.is_err() {
+            break;
+        }
     }
     let answers = match firsts.as_slice() {
         // The common case, without join_all's allocations.

@@ -67,9 +67,11 @@ impl Marks {
 
 /// Finishes a forwarded delivery: releases what it holds when the app did
 /// not take it, and answers the sender. When it did (2xx), the keys are
-/// marked after the answer has gone: [`Settle`], which the runner runs
-/// once the sender has its answer (SPEC section 1, step 9: the answer does
-/// not wait on the mark, a failed one is retried in the background).
+/// marked once the answer has gone: [`Settle`], which the runner runs
+/// right after sending it (SPEC section 1, step 9: the answer does not
+/// depend on the mark, and a failed one is retried in the background).
+/// From here a redelivery of those keys waits for their marks
+/// (`held::Inflight::marking`); nothing between here and the answer waits.
 pub async fn finish(
     marks: &Marks,
     settings: &ProviderSettings,
@@ -80,8 +82,9 @@ pub async fn finish(
         Ok(answer) if answer.parts.status.is_success() => {
             let settle = held.map(|held| {
                 if let Some(cut) = &answer.cut {
-                    tracing::warn!(provider = %settings.name, cut = %cut, "the app answered 2xx with a body cut short; marked processed");
+                    tracing::warn!(provider = %settings.name, cut = %cut, "the app answered 2xx with a body cut short; it is marked processed");
                 }
+                held.answered();
                 Settle {
                     held,
                     snapshot: snapshot(&answer, marks.max_response_bytes),
@@ -118,12 +121,6 @@ pub struct Settle {
 }
 
 impl Settle {
-    /// The sender is about to have its answer: from now a redelivery of
-    /// these keys waits for their marks (`Inflight::marking`).
-    pub fn answered(&self) {
-        self.held.answered();
-    }
-
     /// Marks every held key completed.
     pub async fn run(self, marks: &Marks, settings: &ProviderSettings) {
         for (key, token) in self.held.claims() {
@@ -143,7 +140,9 @@ async fn mark(
 ) {
     let retention = settings.retention;
     match marks.store.complete(key, token, snapshot, retention).await {
-        Ok(true) => {}
+        // The line the chaos test reads to tell a mark made from one a
+        // SIGKILL cut off (tests/it/chaos.rs).
+        Ok(true) => tracing::debug!(key = %key, "marked"),
         Ok(false) => {
             tracing::warn!(key = %key, "claim lost before the mark: the lease had expired");
         }

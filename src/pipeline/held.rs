@@ -44,17 +44,23 @@ impl Inflight {
 
     /// Tracks `claims`. A key held already is one whose lease ran out
     /// under its first delivery: the new claim replaces it, since the old
-    /// token can neither mark nor release it any more.
+    /// token can neither mark nor release it any more, and whoever waited
+    /// for the old one's mark claims again.
     fn hold(&self, claims: &[Held]) {
         let mut map = self.lock();
-        for (key, token) in claims {
-            let holder = Holder {
-                token: token.clone(),
-                answered: false,
-                waiting: None,
-            };
-            map.insert(key.clone(), holder);
-        }
+        let replaced: Vec<_> = claims
+            .iter()
+            .filter_map(|(key, token)| {
+                let holder = Holder {
+                    token: token.clone(),
+                    answered: false,
+                    waiting: None,
+                };
+                map.insert(key.clone(), holder)
+            })
+            .collect();
+        drop(map);
+        wake(replaced);
     }
 
     /// The senders of `claims` have their answers; the marks follow.
@@ -70,22 +76,15 @@ impl Inflight {
     /// No longer tracks `claims`: they were marked or released. Whoever
     /// waited for them is woken.
     fn forget(&self, claims: &[Held]) {
-        let mut woken = Vec::new();
         let mut map = self.lock();
+        let mut forgotten = Vec::new();
         for (key, token) in claims {
-            if map.get(key).is_some_and(|h| h.token == *token)
-                && let Some(Holder {
-                    waiting: Some(waiting),
-                    ..
-                }) = map.remove(key)
-            {
-                woken.push(waiting);
+            if map.get(key).is_some_and(|h| h.token == *token) {
+                forgotten.extend(map.remove(key));
             }
         }
         drop(map);
-        for waiting in woken {
-            waiting.notify_waiters();
-        }
+        wake(forgotten);
     }
 
     /// When one of `keys` is held by a delivery of this process that has
@@ -112,6 +111,7 @@ impl Inflight {
         let held: Vec<_> = self.lock().drain().collect();
         let mut released = 0;
         for (key, holder) in held {
+            wake([&holder]);
             match store.release(&key, &holder.token).await {
                 Ok(true) => released += 1,
                 Ok(false) => {}
@@ -119,6 +119,16 @@ impl Inflight {
             }
         }
         released
+    }
+}
+
+/// Wakes whoever waits for these holders' marks: the marks were made, or
+/// will not be made here.
+fn wake<H: std::borrow::Borrow<Holder>>(holders: impl IntoIterator<Item = H>) {
+    for holder in holders {
+        if let Some(waiting) = &holder.borrow().waiting {
+            waiting.notify_waiters();
+        }
     }
 }
 
@@ -143,7 +153,8 @@ impl HeldClaims {
         &self.claims
     }
 
-    /// The sender has its answer; the marks follow ([`Inflight::marking`]).
+    /// The app took the delivery and its sender is being answered; the
+    /// marks follow ([`Inflight::marking`]).
     pub fn answered(&self) {
         self.inflight.answered(&self.claims);
     }

@@ -58,7 +58,7 @@ use crate::metrics::Metrics;
 use crate::route::Route;
 use crate::server::Conn;
 use crate::settings::{Mode, ProviderSettings};
-use crate::telemetry::trace::{Stage, StageSpan};
+use crate::telemetry::trace::Stage;
 use crate::telemetry::{DeliveryRecord, Outcome, Verification};
 
 /// Entry point for every request on the public listener.
@@ -92,11 +92,12 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     // output) by value when it spawns it, stores it and reads and drops
     // the output, and a delivery's future is some 3.5 KiB; boxed, the
     // stage is the size of the output, for one allocation.
-    // The answer comes back on a channel of its own: the task runs on
+    //
+    // The response comes back on a channel of its own: the task runs on
     // after it, to mark what the app took (`finish::Settle`).
-    let (answer, answered) = oneshot::channel();
-    tokio::spawn(Box::pin(deliver(gate, index, req, conn, answer)));
-    match answered.await {
+    let (respond, response) = oneshot::channel();
+    tokio::spawn(Box::pin(deliver(gate, index, req, conn, respond)));
+    match response.await {
         Ok(response) => response,
         // `deliver` contains its own panics, so this is a runtime shutting
         // down under it.
@@ -104,8 +105,8 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     }
 }
 
-/// Runs the stages for one delivery, sends the answer, makes the marks of
-/// an event the app took and writes the delivery's log line. A panic in a
+/// Runs the stages for one delivery, writes its log line, sends the
+/// response, then makes the marks of an event the app took. A panic in a
 /// stage is a defect: it is answered 500 `internal_error`, logged and
 /// counted like any outcome, and its claims are released as the stages'
 /// future unwinds (`held::HeldClaims`).
@@ -114,7 +115,7 @@ async fn deliver(
     index: usize,
     req: Request<Incoming>,
     conn: Conn,
-    answer: oneshot::Sender<Response<ProxyBody>>,
+    respond: oneshot::Sender<Response<ProxyBody>>,
 ) {
     let _delivering = crate::cores::Delivering::start();
     let provider = &gate.providers[index];
@@ -136,7 +137,7 @@ async fn deliver(
     let record = unfinished.record();
     let run = stages(&gate, provider, conn, head, incoming, record);
     let (response, settle) = match AssertUnwindSafe(run).catch_unwind().await {
-        Ok(Ok(answered)) => (answered.response, answered.settle),
+        Ok(Ok(finished)) => (finished.response, finished.settle),
         Ok(Err(error)) => {
             record.fail(&error);
             (error.to_response(), None)
@@ -147,16 +148,13 @@ async fn deliver(
             (error.to_response(), None)
         }
     };
-    record.answered();
-    if let Some((settle, _)) = &settle {
-        settle.answered();
-    }
-    let _ = answer.send(response);
-    if let Some((settle, span)) = settle {
-        mark_after_answer(&gate, provider, settle).await;
-        drop(span);
-    }
+    // The line, the counters and the spans say what the sender is told,
+    // and how long it waited for it.
     unfinished.emit();
+    let _ = respond.send(response);
+    if let Some(settle) = settle {
+        mark_after_answer(&gate, provider, settle).await;
+    }
 }
 
 /// Makes the marks of a delivery whose sender has been answered (SPEC
@@ -179,14 +177,14 @@ async fn mark_after_answer(gate: &Gate, provider: &Provider, settle: finish::Set
     }
 }
 
-/// What the stages end with: the sender's answer, and the marks to make
-/// once it has gone, with the finish stage's span to end after them.
-struct Answered {
+/// What the stages end with: the sender's response, and the marks to make
+/// once it has gone.
+struct Finished {
     response: Response<ProxyBody>,
-    settle: Option<(finish::Settle, StageSpan)>,
+    settle: Option<finish::Settle>,
 }
 
-impl From<Response<ProxyBody>> for Answered {
+impl From<Response<ProxyBody>> for Finished {
     fn from(response: Response<ProxyBody>) -> Self {
         Self {
             response,
@@ -199,8 +197,7 @@ impl From<Response<ProxyBody>> for Answered {
 /// dropped, stages and all, when its core stops under it: the shutdown's
 /// grace ran out with the app still working or the body still coming.
 /// Such a delivery still gets its line, is counted and its span ended, as
-/// `internal_error`, or as what its sender was told when only its marks
-/// were left (with a warning). Its claims are released once the cores have stopped
+/// `internal_error`. Its claims are released once the cores have stopped
 /// (`Gate::release_inflight`); only a claim whose answer the dropped task
 /// never read (the store granted it as the task went) waits out its lease.
 struct Unfinished<'a> {
@@ -227,18 +224,9 @@ impl Unfinished<'_> {
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
         if let Some(mut record) = self.record.take() {
-            if record.is_answered() {
-                // The sender has its answer; the marks were cut off.
-                tracing::warn!(
-                    provider = record.provider.as_str(),
-                    key = record.key.as_deref(),
-                    "the gate stopped before the delivery's marks were made (shutdown grace elapsed); its claims are released"
-                );
-            } else {
-                record.fail(&GateError::Internal(
-                    "the gate stopped before the delivery finished (shutdown grace elapsed)".into(),
-                ));
-            }
+            record.fail(&GateError::Internal(
+                "the gate stopped before the delivery finished (shutdown grace elapsed)".into(),
+            ));
             record.emit(self.metrics);
         }
     }
@@ -252,7 +240,7 @@ async fn stages(
     head: request::Parts,
     incoming: Incoming,
     record: &mut DeliveryRecord,
-) -> Result<Answered, GateError> {
+) -> Result<Finished, GateError> {
     let source = Source {
         limit: gate.source_limit.as_ref(),
         header: gate.settings.server.client_ip_header.as_ref(),
@@ -298,7 +286,7 @@ async fn queued(
     read: &Read<'_>,
     identities: &[plan::Identity],
     record: &mut DeliveryRecord,
-) -> Result<Answered, GateError> {
+) -> Result<Finished, GateError> {
     let span = record.stage(Stage::Accept);
     let cx = AcceptContext {
         store: &read.gate.store,
@@ -324,7 +312,7 @@ async fn claimed(
     read: &Read<'_>,
     identities: &[plan::Identity],
     record: &mut DeliveryRecord,
-) -> Result<Answered, GateError> {
+) -> Result<Finished, GateError> {
     let Read { gate, settings, .. } = read;
     let cx = ClaimContext {
         store: &gate.store,
@@ -358,7 +346,7 @@ async fn send(
     held: Option<HeldClaims>,
     payload: Payload,
     record: &mut DeliveryRecord,
-) -> Result<Answered, GateError> {
+) -> Result<Finished, GateError> {
     let span = record.stage(Stage::Forward);
     let Read { gate, settings, .. } = read;
     let answer = forward::send(
@@ -374,15 +362,9 @@ async fn send(
     record.upstream_status = answer.as_ref().ok().map(|a| a.parts.status.as_u16());
     let span = record.stage(Stage::Finish);
     let finished = finish::finish(&gate.marks, settings, held, answer).await;
-    let (response, outcome, settle) = match finished {
-        Ok(finished) => finished,
-        Err(error) => return span.end(Err(error)),
-    };
+    let (response, outcome, settle) = span.end(finished)?;
     record.outcome = outcome;
-    Ok(Answered {
-        response,
-        settle: settle.map(|settle| (settle, span)),
-    })
+    Ok(Finished { response, settle })
 }
 
 /// Where tests inject a defect (`Settings::faults`): claims are held.

@@ -4,7 +4,7 @@
 //! [`DeliveryRecord`] is the single place where a delivery's outcome is
 //! reported, so the log line, the counters and the span cannot disagree.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing_subscriber::EnvFilter;
 
@@ -116,10 +116,6 @@ pub struct Mismatch {
 #[derive(Debug)]
 pub struct DeliveryRecord {
     started: Instant,
-    /// How long the sender waited for its answer, once it has it: what
-    /// the line's `duration_ms` and the duration histogram say, the marks
-    /// made after the answer not included.
-    answered: Option<Duration>,
     pub provider: String,
     pub key: Option<String>,
     pub verification: Verification,
@@ -142,7 +138,6 @@ impl DeliveryRecord {
     pub fn new(provider: &str, traceparent: Option<String>) -> Self {
         Self {
             started: Instant::now(),
-            answered: None,
             provider: provider.to_owned(),
             key: None,
             verification: Verification::Skipped,
@@ -165,16 +160,6 @@ impl DeliveryRecord {
             Some(span) => span.stage(stage),
             None => StageSpan::OFF,
         }
-    }
-
-    /// The sender has its answer: what comes after is not its wait.
-    pub fn answered(&mut self) {
-        self.answered = Some(self.started.elapsed());
-    }
-
-    /// Whether the sender has its answer.
-    pub fn is_answered(&self) -> bool {
-        self.answered.is_some()
     }
 
     /// Records a failure that ends the delivery.
@@ -205,7 +190,7 @@ impl DeliveryRecord {
     /// Writes the delivery's log line (and a warning for an anomaly), counts
     /// it and ends its span.
     pub fn emit(mut self, metrics: &Metrics) {
-        let elapsed = self.answered.unwrap_or_else(|| self.started.elapsed());
+        let elapsed = self.started.elapsed();
         if let Some(span) = self.trace.take() {
             span.end(&self);
         }

@@ -168,14 +168,17 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
     {
         *victim_forwarded.entry(a.event).or_default() += 1;
     }
-    // The sender is told `forwarded` once the app answered, even when the
-    // mark failed (the store was coming back) and is being retried in the
-    // background; a kill during those retries cuts the mark off just the
-    // same. The victim's log says which marks were still pending.
-    let pending_marks = pending_marks(&victim_log);
-    for event in &pending_marks {
-        if let Some(n) = victim_forwarded.get_mut(event) {
+    // The sender is told `forwarded` once the app answered, before the
+    // mark is made, and the mark is retried in the background when it
+    // fails (the store was coming back): a kill before it landed cuts it
+    // off just the same. The victim's log says which marks were made; a
+    // line the kill cut off with the process's buffer counts as not made.
+    let marked = marks_made(&victim_log);
+    let mut unmarked = 0;
+    for (event, n) in &mut victim_forwarded {
+        if !marked.contains(event) {
             *n = n.saturating_sub(1);
+            unmarked += 1;
         }
     }
     let mut lost = Vec::new();
@@ -221,7 +224,7 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
         "gate_sigkilled_at_delivery": killed_at,
         "app_calls_before_sigkill": calls_before_kill,
         "victim_log_lines": victim_log.len(),
-        "victim_marks_pending_at_sigkill": pending_marks.len(),
+        "victim_answers_unmarked_at_sigkill": unmarked,
         "senders_gave_up": gave_up,
         "lost": lost.len(),
         "doubled": doubled.len(),
@@ -258,10 +261,10 @@ async fn exactly_once<S: StoreServer>(start: fn() -> S) {
     );
 }
 
-/// Events whose mark the log shows failing and being retried, with no retry
-/// that ended it (landed, or found the claim gone) before the log stops.
-fn pending_marks(log: &[String]) -> Vec<usize> {
-    let mut pending = std::collections::BTreeSet::new();
+/// Events whose mark the log shows made (the `marked` debug line, or a
+/// retry that landed) or ended otherwise (a retry found the claim gone).
+fn marks_made(log: &[String]) -> std::collections::BTreeSet<usize> {
+    let mut made = std::collections::BTreeSet::new();
     for line in log {
         let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -272,15 +275,11 @@ fn pending_marks(log: &[String]) -> Vec<usize> {
         else {
             continue;
         };
-        match entry["message"].as_str().unwrap_or_default() {
-            "mark failed; retrying in the background" => {
-                pending.insert(event);
-            }
-            "mark retry succeeded" | "mark retry found the claim lost" => {
-                pending.remove(&event);
-            }
-            _ => {}
+        if let "marked" | "mark retry succeeded" | "mark retry found the claim lost" =
+            entry["message"].as_str().unwrap_or_default()
+        {
+            made.insert(event);
         }
     }
-    pending.into_iter().collect()
+    made
 }

@@ -38,7 +38,16 @@ async fn metrics_count_known_traffic() {
         gate.post("/webhooks/stripe", &headers, &body).await;
     }
 
-    let m = gate.admin("/metrics").await;
+    // The marks follow the answers: the second one may still be on its way.
+    let complete = "hookgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"complete\"}";
+    let mut m = gate.admin("/metrics").await;
+    for _ in 0..50 {
+        if sample(&String::from_utf8_lossy(&m.body), complete) == Some(2.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        m = gate.admin("/metrics").await;
+    }
     assert_eq!(m.status, 200);
     let text = String::from_utf8_lossy(&m.body);
     let count =
@@ -73,12 +82,7 @@ async fn metrics_count_known_traffic() {
         ),
         3.0
     );
-    assert_eq!(
-        count(
-            "hookgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"complete\"}"
-        ),
-        2.0
-    );
+    assert_eq!(count(complete), 2.0);
     assert_eq!(
         count("hookgate_request_duration_seconds_count{provider=\"stripe\",outcome=\"forwarded\"}"),
         2.0
