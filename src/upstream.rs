@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
 use crate::body::ProxyBody;
-use crate::cores::PerCore;
+use crate::cores::{self, PerCore};
 use crate::metrics::Metrics;
 use crate::settings::UpstreamSettings;
 use crate::tls::TlsError;
@@ -52,15 +52,29 @@ pub struct Upstream {
     /// connection's task runs on the runtime that opened it, so a core that
     /// used another core's connection would wake that core's thread for
     /// every read.
-    clients: PerCore<Client<HttpsConnector<HttpConnector>, ProxyBody>>,
+    lanes: PerCore<Lane>,
     base: Uri,
     timeout: Duration,
     /// Where each delivery's upstream time is recorded.
     metrics: Arc<Metrics>,
-    /// One permit per delivery call in flight. hyper-util's pool opens a new
-    /// connection whenever every pooled one is busy and has no cap per host,
-    /// so without this a burst of N deliveries holds N upstream connections
-    /// (and their buffers) and hits the app N at once.
+    /// One permit per delivery call in flight, for the whole gate.
+    /// hyper-util's pool opens a new connection whenever every pooled one is
+    /// busy and has no cap per host, so without this a burst of N deliveries
+    /// holds N upstream connections (and their buffers) and hits the app N
+    /// at once.
+    calls: Semaphore,
+}
+
+/// A core's way to the app: its pool, and its share of the call slots.
+struct Lane {
+    /// Keeps as many connections idle as the lane has slots.
+    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    /// A core's even share of `Upstream::calls` (all of them off the
+    /// cores). A pool grows to the most calls its core ever had in flight at
+    /// once: with only the gate's slots, taken first come first served, the
+    /// cores' shares drift and each core's pool grew towards the whole cap
+    /// (128 connections for 64 slots on two cores: docs/BENCHMARKS.md, The
+    /// overhead work).
     calls: Semaphore,
 }
 
@@ -77,14 +91,23 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let clients = PerCore::new(|| {
-            Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .pool_max_idle_per_host(settings.max_connections)
-                .build(connector.clone())
+        let share = settings.max_connections.div_ceil(cores::available());
+        let lanes = PerCore::new(|core| {
+            let slots = if core == 0 {
+                settings.max_connections
+            } else {
+                share
+            };
+            Lane {
+                client: Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(30))
+                    .pool_max_idle_per_host(slots)
+                    .build(connector.clone()),
+                calls: Semaphore::new(slots),
+            }
         });
         Ok(Self {
-            clients,
+            lanes,
             base: settings.url.clone(),
             timeout: settings.timeout,
             metrics,
@@ -127,14 +150,13 @@ impl Upstream {
         deadline: tokio::time::Instant,
         req: Request<ProxyBody>,
     ) -> Result<Buffered, UpstreamError> {
+        let lane = self.lanes.get();
         let head = async {
-            let slot = self
-                .calls
-                .acquire()
-                .await
-                .map_err(|_| UpstreamError::Other("the gate is shutting down".into()))?;
-            let response = self.clients.get().request(req).await.map_err(classify)?;
-            Ok((slot, response))
+            let closed = |_| UpstreamError::Other("the gate is shutting down".into());
+            let slot = lane.calls.acquire().await.map_err(closed)?;
+            let gate_slot = self.calls.acquire().await.map_err(closed)?;
+            let response = lane.client.request(req).await.map_err(classify)?;
+            Ok(((slot, gate_slot), response))
         };
         let (_slot, response) = tokio::time::timeout_at(deadline, head)
             .await
@@ -149,7 +171,7 @@ impl Upstream {
         &self,
         req: Request<ProxyBody>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        tokio::time::timeout(self.timeout, self.clients.get().request(req))
+        tokio::time::timeout(self.timeout, self.lanes.get().client.request(req))
             .await
             .map_err(|_| UpstreamError::Timeout(self.timeout))?
             .map_err(classify)

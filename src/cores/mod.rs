@@ -120,9 +120,10 @@ pub fn available() -> usize {
 pub struct PerCore<T>(Vec<T>);
 
 impl<T> PerCore<T> {
-    /// `make` once for every core and once for the rest.
-    pub fn new(mut make: impl FnMut() -> T) -> Self {
-        Self((0..=available()).map(|_| make()).collect())
+    /// `make` once for every core and once for the rest; `make` is given
+    /// the index it makes for (0: off the cores).
+    pub fn new(make: impl FnMut(usize) -> T) -> Self {
+        Self((0..=available()).map(make).collect())
     }
 
     /// Like `new`, stopping at the first `make` that fails; `make` is given
@@ -292,7 +293,7 @@ mod tests {
     #[test]
     fn each_core_reaches_its_own_and_the_rest_share_one() {
         let mut made = 0;
-        let per_core = PerCore::new(|| {
+        let per_core = PerCore::new(|_| {
             made += 1;
             made - 1
         });

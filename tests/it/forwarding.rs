@@ -260,6 +260,49 @@ async fn upstream_max_connections_caps_the_calls_the_app_sees_at_once() {
 }
 
 #[tokio::test]
+async fn one_connection_takes_at_most_its_cores_share_of_the_upstream_slots() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    // A connection is served by one core, and each core has an even share
+    // of `upstream.max_connections` (README): six deliveries at once on one
+    // HTTP/2 connection reach the app two at a time, on any number of cores.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let gate = GateFixture::stripe()
+        .upstream_extra(&format!("max_connections = {}", 2 * cores))
+        .start()
+        .await;
+    let up = gate.upstream();
+    up.set(Behavior::Stall(std::time::Duration::from_millis(200)));
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let sends = (0..6).map(|i| {
+        let body = stripe_event(&format!("evt_share{i}"));
+        let mut req = http::Request::post(format!("http://{}/webhooks/stripe", gate.addr));
+        for (k, v) in gate.sign(&body) {
+            req = req.header(k, v);
+        }
+        client.request(req.body(Full::new(Bytes::from(body))).unwrap())
+    });
+    for response in futures_util::future::join_all(sends).await {
+        let response = response.expect("an answer over HTTP/2");
+        assert_eq!(response.headers()["hookgate-result"], "forwarded");
+        let _ = response.into_body().collect().await.unwrap();
+    }
+    assert_eq!(up.count(), 6);
+    assert_eq!(
+        up.peak_in_flight(),
+        2,
+        "one core's share of {} slots on {cores} cores",
+        2 * cores
+    );
+    gate.shutdown().await;
+}
+
+#[tokio::test]
 async fn server_max_connections_holds_over_every_core_serving_the_listener() {
     // The public listener is served by one thread per core, each with its
     // own listener; the limit is the gate's, not each core's.
