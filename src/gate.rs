@@ -60,7 +60,8 @@ impl Gate {
             .as_ref()
             .map(Traces::start)
             .transpose()?;
-        let upstream = Upstream::new(&settings.upstream, Arc::clone(&metrics))?;
+        let cores = crate::cores::serving(settings.server.max_connections);
+        let upstream = Upstream::new(&settings.upstream, cores, Arc::clone(&metrics))?;
         let tls = match &settings.server.tls {
             Some(files) => Some(ReloadingCert::load(files.clone())?),
             None => None,

@@ -126,8 +126,7 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
             .map_err(|source| StartError::Bind { addr, source })
     };
     let listen = settings.server.listen;
-    // Each core serves at least one of the `max_connections`.
-    let core_count = cores::available().min(settings.server.max_connections.max(1));
+    let core_count = cores::serving(settings.server.max_connections);
     let publics = cores::bind(listen, core_count).map_err(|source| StartError::Bind {
         addr: listen,
         source,

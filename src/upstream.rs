@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
 use crate::body::ProxyBody;
-use crate::cores::{self, PerCore};
+use crate::cores::PerCore;
 use crate::metrics::Metrics;
 use crate::settings::UpstreamSettings;
 use crate::tls::TlsError;
@@ -67,21 +67,29 @@ pub struct Upstream {
 
 /// A core's way to the app: its pool, and its share of the call slots.
 struct Lane {
-    /// Keeps as many connections idle as the lane has slots.
+    /// Keeps up to `max_connections` idle, for passthrough requests (which
+    /// take no slot) as well.
     client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
-    /// A core's even share of `Upstream::calls` (all of them off the
-    /// cores). A pool grows to the most calls its core ever had in flight at
-    /// once: with only the gate's slots, taken first come first served, the
-    /// cores' shares drift and each core's pool grew towards the whole cap
-    /// (128 connections for 64 slots on two cores: docs/BENCHMARKS.md, The
-    /// overhead work).
+    /// A core's share of `Upstream::calls`: `max_connections` over the
+    /// serving cores, rounded up (the gate's semaphore trims the total). A
+    /// pool grows to the most calls its core ever had in flight at once:
+    /// with only the gate's slots, taken first come first served, the
+    /// cores' shares drifted and each core's pool grew towards the whole cap
+    /// (128 to 131 connections for 64 slots on two cores: docs/BENCHMARKS.md,
+    /// The overhead work). The lane off the cores (the relay's) has all of
+    /// them, so only the gate's semaphore caps it.
     calls: Semaphore,
 }
 
 impl Upstream {
     /// A client for http and https upstreams (system roots plus
-    /// `upstream.ca_file`).
-    pub fn new(settings: &UpstreamSettings, metrics: Arc<Metrics>) -> Result<Self, TlsError> {
+    /// `upstream.ca_file`), with a lane for each of `cores` serving cores
+    /// (`cores::serving`) and one for the rest.
+    pub fn new(
+        settings: &UpstreamSettings,
+        cores: usize,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, TlsError> {
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
         http.set_connect_timeout(Some(settings.timeout));
@@ -91,19 +99,19 @@ impl Upstream {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let share = settings.max_connections.div_ceil(cores::available());
+        let share = settings.max_connections.div_ceil(cores.max(1));
         let lanes = PerCore::new(|core| {
-            let slots = if core == 0 {
-                settings.max_connections
-            } else {
-                share
-            };
+            let off_the_cores = core == 0;
             Lane {
                 client: Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(30))
-                    .pool_max_idle_per_host(slots)
+                    .pool_max_idle_per_host(settings.max_connections)
                     .build(connector.clone()),
-                calls: Semaphore::new(slots),
+                calls: Semaphore::new(if off_the_cores {
+                    settings.max_connections
+                } else {
+                    share
+                }),
             }
         });
         Ok(Self {
@@ -129,7 +137,8 @@ impl Upstream {
     }
 
     /// Sends a delivery and reads the answer, all within the timeout, which
-    /// includes waiting for one of the `max_connections` call slots. Once
+    /// includes waiting for a call slot (one of the core's share of
+    /// `max_connections`, then one of the gate's). Once
     /// the head has arrived the call has an answer: a body that then breaks
     /// off, runs past the timeout or past the read limit is returned as far
     /// as it came, marked cut.
@@ -153,12 +162,12 @@ impl Upstream {
         let lane = self.lanes.get();
         let head = async {
             let closed = |_| UpstreamError::Other("the gate is shutting down".into());
-            let slot = lane.calls.acquire().await.map_err(closed)?;
+            let lane_slot = lane.calls.acquire().await.map_err(closed)?;
             let gate_slot = self.calls.acquire().await.map_err(closed)?;
             let response = lane.client.request(req).await.map_err(classify)?;
-            Ok(((slot, gate_slot), response))
+            Ok(((lane_slot, gate_slot), response))
         };
-        let (_slot, response) = tokio::time::timeout_at(deadline, head)
+        let (_slots, response) = tokio::time::timeout_at(deadline, head)
             .await
             .unwrap_or(Err(UpstreamError::Timeout(self.timeout)))?;
         let (parts, body) = response.into_parts();
@@ -284,7 +293,7 @@ mod tests {
             ca_file: None,
             max_connections: 4,
         };
-        let up = Upstream::new(&settings, Arc::default()).unwrap();
+        let up = Upstream::new(&settings, 2, Arc::default()).unwrap();
         assert_eq!(
             up.target("/hooks?a=1").unwrap().to_string(),
             "http://127.0.0.1:3000/app/hooks?a=1"

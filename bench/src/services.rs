@@ -491,12 +491,12 @@ pub fn hookgate(
     callgrind: Option<&Path>,
 ) -> io::Result<Service> {
     // A page fault maps with it the neighbouring pages that are in the page
-    // cache, so the file-backed part of the gate's RSS follows how much of
-    // its binary is cached. Machines like these drop cached pages within
-    // minutes even when memory is free (an idle binary lost a tenth of its
-    // pages in 60 s), at a pace that left a tree's and a candidate's binary
-    // 12.7 and 19.7 MiB cached during one A/B. Each gate starts with its
-    // binary wholly cached; the row still runs while pages go.
+    // cache, so how much of the gate's binary is cached is one source of
+    // variance in the file-backed part of its RSS. Machines like these drop
+    // cached pages within minutes even when memory is free (an idle binary
+    // lost a tenth of its pages in 60 s); during one A/B a tree's and a
+    // candidate's binary ended 12.7 and 19.7 MiB cached. Each gate starts
+    // with its binary wholly cached; pages still go while the row runs.
     io::copy(&mut fs::File::open(bin)?, &mut io::sink())?;
     let port = free_port()?;
     let admin = free_port()?;

@@ -114,6 +114,12 @@ pub fn available() -> usize {
     *AVAILABLE.get_or_init(|| thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// How many cores' threads serve the public port: one per core, each
+/// serving at least one of `server.max_connections`.
+pub fn serving(max_connections: usize) -> usize {
+    available().min(max_connections.max(1))
+}
+
 /// One `T` for each core's thread and one (index 0) for every other
 /// runtime: a core reaches only its own, so what it holds (a pool, a
 /// connection and the task that drives it) stays on that core's thread.
