@@ -75,7 +75,7 @@ struct Lane {
     /// pool grows to the most calls its core ever had in flight at once:
     /// with only the gate's slots, taken first come first served, the
     /// cores' shares drifted and each core's pool grew towards the whole cap
-    /// (128 to 131 connections for 64 slots on two cores: docs/BENCHMARKS.md,
+    /// (128 connections for 64 slots on two cores: docs/BENCHMARKS.md,
     /// The overhead work). The lane off the cores (the relay's) has all of
     /// them, so only the gate's semaphore caps it.
     calls: Semaphore,
