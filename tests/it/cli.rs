@@ -581,6 +581,11 @@ async fn keys_get_takes_a_scoped_key_and_exits_1_on_an_unknown_one() {
         gate.deliver(&stripe_event("evt_Keys_1")).await.result(),
         "forwarded"
     );
+    // The mark is made after the answer; a redelivery waits for it.
+    assert_eq!(
+        gate.deliver(&stripe_event("evt_Keys_1")).await.result(),
+        "duplicate"
+    );
 
     let (code, stdout, stderr) = run_keys(&path, &["get", "--provider", "stripe", "evt_keys_1"]);
     assert_eq!(code, Some(0), "{stdout}{stderr}");

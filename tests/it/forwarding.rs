@@ -254,13 +254,15 @@ async fn http2_deliveries_are_served_and_forwarded_over_http1() {
 async fn upstream_max_connections_caps_the_calls_the_app_sees_at_once() {
     let gate = GateFixture::stripe()
         .upstream_extra("max_connections = 2")
+        .upstream_timeout("4s")
         .start()
         .await;
     let up = gate.upstream();
     up.set(Behavior::Stall(std::time::Duration::from_millis(200)));
 
     // Six deliveries at once against a 2-slot cap and a 200 ms app: they
-    // queue for a slot (600 ms in all, inside the 2 s upstream timeout).
+    // queue for a slot (600 ms in all, 1.2 s if one core serves all six
+    // with its share of one slot; the timeout counts the wait).
     let bodies = (0..6).map(|i| stripe_event(&format!("evt_cap{i}")));
     for a in gate.deliver_all_at_once(bodies.collect(), &[]).await {
         assert_eq!((a.status.as_u16(), a.result()), (200, "forwarded"));

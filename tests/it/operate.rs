@@ -263,7 +263,15 @@ async fn sigterm_during_a_slow_call_lets_it_finish_and_be_marked() {
         );
         async move { post(addr, "/webhooks/stripe", &h, &body).await }
     });
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // SIGTERM once the app holds the call.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while up.count() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the call never reached the app"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let (code, _) = tokio::task::spawn_blocking(move || child.stop())
         .await
         .unwrap();

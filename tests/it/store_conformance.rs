@@ -267,7 +267,7 @@ async fn retention_expiry_makes_key_fresh<H: Harness>() {
     let h = H::start().await;
     let store = h.store();
     let token = fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
-    let retention = Duration::from_millis(400);
+    let retention = Duration::from_secs(1);
     assert!(
         store
             .complete(&key("evt_1"), &token, &snapshot(), retention)
@@ -277,7 +277,7 @@ async fn retention_expiry_makes_key_fresh<H: Harness>() {
     let claim = store.claim(&key("evt_1"), "fp", LONG).await.unwrap();
     assert_eq!(claim, Claim::Existing(Existing::Completed(snapshot())));
 
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(store.get(&key("evt_1")).await.unwrap(), None);
     let again = fresh(store.claim(&key("evt_1"), "fp", LONG).await.unwrap());
     assert_ne!(again, token);

@@ -182,6 +182,7 @@ while true do
 end";
     let server = RedisServer::start();
     let store = std::sync::Arc::new(open_redis(&server.url()).await);
+    let mut probe = raw(&server).await;
     let mut raw = raw(&server).await;
     let busy = tokio::spawn(async move {
         redis::cmd("EVAL")
@@ -190,7 +191,22 @@ end";
             .query_async::<i64>(&mut raw)
             .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    // Wait until it spins: a PING on another connection goes unanswered.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while tokio::time::timeout(
+        std::time::Duration::from_millis(30),
+        redis::cmd("PING").query_async::<String>(&mut probe),
+    )
+    .await
+    .is_ok()
+    {
+        assert!(
+            !busy.is_finished(),
+            "the script ended before it was seen spinning"
+        );
+        assert!(tokio::time::Instant::now() < deadline, "redis never spun");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let first = {
         let store = std::sync::Arc::clone(&store);
         tokio::spawn(async move { store.claim(&key("evt_first"), "fp", LONG).await })
