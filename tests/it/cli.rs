@@ -11,6 +11,7 @@ use hookgate::provider::Scheme;
 use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::{SECRET, half_sent, post, signed, stripe_event};
 use crate::support::upstream::{Behavior, Upstream};
+use crate::support::wait::until;
 
 pub fn hookgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hookgate"))
@@ -305,7 +306,9 @@ fn only(
     which: impl Fn(&serde_json::Value) -> bool,
 ) -> &serde_json::Value {
     let mut picked = deliveries.iter().filter(|d| which(d));
-    let line = picked.next().expect("no delivery line matches");
+    let line = picked
+        .next()
+        .unwrap_or_else(|| panic!("no delivery line matches: {deliveries:?}"));
     assert!(
         picked.next().is_none(),
         "two delivery lines match: {deliveries:?}"
@@ -365,14 +368,7 @@ async fn deliveries_cut_off_by_the_shutdown_grace_are_logged() {
         )
         .await;
     });
-    let waited = std::time::Instant::now();
-    while up.count() == 0 {
-        assert!(
-            waited.elapsed() < Duration::from_secs(10),
-            "the app never saw the slow one"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the app to see the slow one", || up.count() > 0).await;
 
     let (code, lines) = tokio::task::spawn_blocking(move || child.stop())
         .await

@@ -10,6 +10,7 @@ use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::{SECRET, post, signed, stripe_event};
 use crate::support::redis_server::RedisServer;
 use crate::support::upstream::{Behavior, Upstream};
+use crate::support::wait::until;
 
 /// Sends `copies` copies of one event at once to the given gates (round
 /// robin) and checks that exactly one reached the app and every other copy
@@ -194,14 +195,7 @@ async fn a_delivery_cut_off_at_shutdown_has_its_claim_released() {
                     .await;
         })
     };
-    let waited = std::time::Instant::now();
-    while first.upstream().count() == 0 {
-        assert!(
-            waited.elapsed() < Duration::from_secs(10),
-            "the app never saw it"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the app to see it", || first.upstream().count() > 0).await;
     let config = first.fixture().clone();
     first.shutdown().await;
     sent.abort();

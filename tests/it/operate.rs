@@ -13,6 +13,7 @@ use crate::support::gate::{
     SECRET, assert_raw_forwarded, half_sent, post, raw_head, signed, stripe_event,
 };
 use crate::support::upstream::{Behavior, Upstream};
+use crate::support::wait::until;
 
 fn hookgate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hookgate"))
@@ -264,14 +265,7 @@ async fn sigterm_during_a_slow_call_lets_it_finish_and_be_marked() {
         async move { post(addr, "/webhooks/stripe", &h, &body).await }
     });
     // SIGTERM once the app holds the call.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while up.count() == 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the call never reached the app"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the call to reach the app", || up.count() > 0).await;
     let (code, _) = tokio::task::spawn_blocking(move || child.stop())
         .await
         .unwrap();

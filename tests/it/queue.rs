@@ -14,6 +14,7 @@ use crate::support::gate::stripe_event;
 use crate::support::postgres_server::PostgresServer;
 use crate::support::redis_server::RedisServer;
 use crate::support::upstream::{Behavior, Upstream};
+use crate::support::wait::until;
 
 /// Queue mode with quick retries, for tests.
 const QUEUE: &str =
@@ -64,15 +65,6 @@ async fn settled_job(gate: &Gate) -> JobSummary {
         if job.state != JobState::Pending || Instant::now() >= deadline {
             return job;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits (at most 10 s) until `done` holds.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -15,6 +15,7 @@ use crate::support::fixture::{GateFixture, StoreConfig};
 use crate::support::gate::stripe_event;
 use crate::support::redis_server::RedisServer;
 use crate::support::upstream::Upstream;
+use crate::support::wait::until;
 
 /// `store.prefix` unless a config says otherwise.
 const PREFIX: &str = "hookgate";
@@ -43,18 +44,6 @@ async fn keys(server: &RedisServer, pattern: &str) -> Vec<String> {
         .unwrap();
     keys.sort();
     keys
-}
-
-/// Waits (at most 10 s) until `done` holds.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]

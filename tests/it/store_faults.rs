@@ -9,6 +9,7 @@ use crate::support::fixture::{Gate, GateFixture, StoreConfig};
 use crate::support::gate::{post, stripe_event};
 use crate::support::redis_server::RedisServer;
 use crate::support::upstream::Behavior;
+use crate::support::wait::until;
 
 /// A gate on an append-only redis-server (lease 10 s) whose app holds
 /// each call for `stall`, and one delivery that the app answered 2xx while
@@ -32,9 +33,7 @@ async fn a_mark_left_pending(event: &str, stall: Duration) -> PendingMark {
         tokio::spawn(async move { post(addr, "/webhooks/stripe", &headers, &body).await })
     };
     // Kill the store while the app holds the call.
-    while up.count() == 0 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until("the app to hold the call", || up.count() > 0).await;
     redis.kill();
     let answered = first.await.unwrap();
     assert_eq!(answered.result(), "forwarded", "the app did the work");

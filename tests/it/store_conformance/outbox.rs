@@ -328,7 +328,7 @@ async fn a_retry_waits_for_its_backoff<H: OutboxHarness>() {
     accept_one(&*store, "evt_r").await;
     let first = take_one(&*store).await;
     let retry = Settle::Retry {
-        after: Duration::from_millis(800),
+        after: Duration::from_secs(2),
         status: Some(503),
         error: "upstream answered 503".into(),
     };

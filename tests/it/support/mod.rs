@@ -8,3 +8,4 @@ pub mod redis_cluster;
 pub mod redis_server;
 pub mod store_server;
 pub mod upstream;
+pub mod wait;
