@@ -12,6 +12,13 @@ use tempfile::TempDir;
 
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Free ports tried before giving up: a port released by `free_port` can
+/// be taken by another test's server before this one binds it.
+const START_ATTEMPTS: usize = 5;
+
+/// The server exited because its port was taken.
+struct PortTaken;
+
 /// A running (or deliberately killed) `redis-server` owned by one test.
 pub struct RedisServer {
     port: u16,
@@ -38,13 +45,18 @@ impl RedisServer {
 
     fn start_with(aof: bool) -> Self {
         let mut server = Self {
-            port: free_port(),
+            port: 0,
             dir: tempfile::tempdir().expect("create a temp dir for redis-server"),
             child: None,
             aof,
         };
-        server.spawn();
-        server
+        for _ in 0..START_ATTEMPTS {
+            server.port = free_port();
+            if server.spawn().is_ok() {
+                return server;
+            }
+        }
+        panic!("redis-server found {START_ATTEMPTS} free ports taken before it bound them");
     }
 
     /// `redis://127.0.0.1:{port}`.
@@ -70,11 +82,15 @@ impl RedisServer {
     /// empty unless started with `start_with_aof`.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        if self.spawn().is_err() {
+            panic!("port {} was taken while redis-server was down", self.port);
+        }
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&mut self) -> Result<(), PortTaken> {
         let log = self.dir.path().join("redis.log");
+        // A restart appends to the log: only what follows is this start's.
+        let logged_before = std::fs::metadata(&log).map_or(0, |m| m.len() as usize);
         let persistence: &[&str] = if self.aof {
             &["--appendonly", "yes", "--appendfsync", "always"]
         } else {
@@ -101,19 +117,31 @@ impl RedisServer {
             Err(e) => panic!("cannot start redis-server: {e}"),
         };
         self.child = Some(child);
-        self.wait_until_ready(&log);
+        self.wait_until_ready(&log, logged_before)
     }
 
-    fn wait_until_ready(&mut self, log: &std::path::Path) {
+    /// Ready when this server says so in its log and answers PING: a PING
+    /// alone could be answered by another test's server on the port.
+    fn wait_until_ready(
+        &mut self,
+        log: &std::path::Path,
+        logged_before: usize,
+    ) -> Result<(), PortTaken> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if self.answers_ping() {
-                return;
+            let all = std::fs::read(log).unwrap_or_default();
+            let said = String::from_utf8_lossy(all.get(logged_before..).unwrap_or_default());
+            if said.contains("Ready to accept connections") && self.answers_ping() {
+                return Ok(());
             }
             let exited = self
                 .child
                 .as_mut()
                 .and_then(|c| c.try_wait().ok().flatten());
+            if exited.is_some() && said.contains("Address already in use") {
+                self.child = None;
+                return Err(PortTaken);
+            }
             if exited.is_some() || Instant::now() > deadline {
                 let log = std::fs::read_to_string(log).unwrap_or_default();
                 self.kill();
