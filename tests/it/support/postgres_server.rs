@@ -10,12 +10,13 @@
 //! creates; `nobody` otherwise) and the server tools run as that user.
 
 use std::io::ErrorKind;
-use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use tempfile::TempDir;
+
+use crate::support::port::free_port;
 
 const INSTALL: &str = "apt-get install -y postgresql";
 /// The database the store under test uses.
@@ -278,10 +279,4 @@ fn check(what: &str, output: std::io::Result<Output>) {
         }
         Err(e) => panic!("cannot run {what}: {e}"),
     }
-}
-
-/// A port the OS just handed out; released at once for postgres to bind.
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::support::redis_server::free_port;
+use crate::support::port::free_port;
 
 const NODES: usize = 6;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -4,11 +4,13 @@
 //! under a running store.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
+
+use crate::support::port::free_port;
 
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -170,10 +172,4 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// A port the OS just handed out; released at once for redis-server to bind.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
 }
