@@ -490,6 +490,54 @@ pub fn hookgate(
     env: &[(String, String)],
     callgrind: Option<&Path>,
 ) -> io::Result<Service> {
+    // A port `free_ports` found free can be taken before the gate binds it
+    // (the load generator's connections take ephemeral ports from the same
+    // range): a gate that could not listen starts again on new ports.
+    let mut attempt = 1;
+    loop {
+        let started = start_gate(
+            bin, dir, tag, store, redis, upstream, queue, log, env, callgrind,
+        );
+        let taken = || {
+            matches!(log, GateLog::File)
+                && fs::read_to_string(dir.join(format!("{tag}.log")))
+                    .is_ok_and(|text| text.contains("cannot listen on"))
+        };
+        match started {
+            Err(e) if attempt < GATE_START_ATTEMPTS && taken() => {
+                eprintln!("        {e}: a port was taken; starting it again on new ports");
+                attempt += 1;
+            }
+            started => return started,
+        }
+    }
+}
+
+/// Starts of a gate tried when its port was taken (`hookgate`).
+const GATE_START_ATTEMPTS: usize = 3;
+
+/// Two ports nothing listens on right now, distinct: both are held while
+/// the second is picked, so that the kernel cannot hand out the first one
+/// again.
+fn free_ports() -> io::Result<(u16, u16)> {
+    let first = TcpListener::bind("127.0.0.1:0")?;
+    let second = TcpListener::bind("127.0.0.1:0")?;
+    Ok((first.local_addr()?.port(), second.local_addr()?.port()))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_gate(
+    bin: &Path,
+    dir: &Path,
+    tag: &str,
+    store: Store,
+    redis: Option<&Service>,
+    upstream: u16,
+    queue: Option<Queue>,
+    log: &GateLog,
+    env: &[(String, String)],
+    callgrind: Option<&Path>,
+) -> io::Result<Service> {
     // A page fault maps with it the neighbouring pages that are in the page
     // cache, so how much of the gate's binary is cached is one source of
     // variance in the file-backed part of its RSS. Machines like these drop
@@ -498,8 +546,7 @@ pub fn hookgate(
     // candidate's binary ended 12.7 and 19.7 MiB cached. Each gate starts
     // with its binary wholly cached; pages still go while the row runs.
     io::copy(&mut fs::File::open(bin)?, &mut io::sink())?;
-    let port = free_port()?;
-    let admin = free_port()?;
+    let (port, admin) = free_ports()?;
     let secret = dir.join("stripe.secret");
     fs::write(&secret, SECRET)?;
     let store_section = match (store, redis) {
