@@ -147,6 +147,16 @@ struct SuiteArgs {
     /// their median: the A/B this shared, noisy machine can resolve.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     rounds: u16,
+    /// Run the rows the targets are judged on this many times in all
+    /// (nginx's and the gate's at --connections, the gate's fresh events at
+    /// --rss-connections, the open-loop rows), the extra rounds after every
+    /// other row; each target is then judged on the median of its rounds,
+    /// each against nginx's (or the direct row's) of the same round. One
+    /// run's nginx differs by a tenth from another's on this kind of
+    /// machine, more than some targets' margins. bench/run.sh without
+    /// arguments passes 3.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    target_rounds: u16,
     /// Keep the run's directory (configs, logs, databases) and print it.
     #[arg(long)]
     keep: bool,
@@ -219,6 +229,11 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
         drain_events: drain_events.max(1),
         drain_concurrency: a.drain_concurrency,
         rounds: usize::from(a.rounds),
+        target_rounds: if a.smoke {
+            1
+        } else {
+            usize::from(a.target_rounds)
+        },
     };
     if !options.hookgate.is_file() {
         eprintln!(

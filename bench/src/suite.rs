@@ -67,6 +67,11 @@ pub struct Options {
     /// twin swap order every other round, so that drift of the machine
     /// falls on both alike.
     pub rounds: usize,
+    /// The rows the targets are judged on (`judged`) this many times in
+    /// all, the rounds past `rounds` after every other row: each target is
+    /// then judged on the median of its rounds, each round's gate row
+    /// against that round's nginx or direct row.
+    pub target_rounds: usize,
 }
 
 impl Options {
@@ -251,7 +256,36 @@ pub fn rows(o: &Options) -> Vec<Row> {
             .collect();
     }
     all.retain(|r| o.selects(&label(r)));
-    rounds(&all, o.rounds)
+    let mut run = rounds(&all, o.rounds);
+    // The rows the targets are judged on again, after the whole set, so
+    // that each target is judged on a median (report::targets).
+    for round in o.rounds.max(1)..o.target_rounds {
+        run.extend(all.iter().filter(|row| judged(row, o)).map(|row| Row {
+            round,
+            ..row.clone()
+        }));
+    }
+    run
+}
+
+/// Whether the targets are judged on `row` (report::targets): nginx's and
+/// the gate's closed-loop rows at `--connections` (mixed traffic and queue
+/// mode aside), the gate's fresh events at `--rss-connections`, and the
+/// direct and gate rows at the open-loop rate.
+pub fn judged(row: &Row, o: &Options) -> bool {
+    match (row.pacing, row.target) {
+        (_, Target::Node) => false,
+        (Pacing::Open(_), target) => matches!(target, Target::Direct | Target::Gate(_)),
+        (Pacing::Closed, _) if row.queue => false,
+        (Pacing::Closed, Target::Nginx) => row.connections == o.connections,
+        (Pacing::Closed, Target::Gate(_)) if row.connections == o.connections => {
+            row.mix != Mix::MIXED
+        }
+        (Pacing::Closed, Target::Gate(_)) => {
+            row.connections == o.rss_connections && row.mix == Mix::FRESH
+        }
+        (Pacing::Closed, Target::Direct) => false,
+    }
 }
 
 /// `rows` `n` times over; in every odd round each gate row comes after its
@@ -771,5 +805,87 @@ fn pool_for(o: &Options, row: &Row, builder: &Builder, primed: Option<&Pool>) ->
             builder.mixed(o.dup_set, row.mix, primed)
         }
         Target::Gate(_) | Target::Node => builder.mixed(fresh_count, row.mix, primed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(target_rounds: usize) -> Options {
+        Options {
+            hookgate: PathBuf::new(),
+            candidate: None,
+            nginx: PathBuf::new(),
+            redis: PathBuf::new(),
+            node: PathBuf::new(),
+            node_handler: PathBuf::new(),
+            duration: Duration::from_secs(1),
+            warmup: Duration::from_secs(1),
+            connections: 64,
+            rss_connections: 256,
+            rate: 1000.0,
+            rate_connections: 32,
+            threads: 1,
+            upstream_threads: 1,
+            dup_set: 1,
+            max_rate: 1.0,
+            only: Vec::new(),
+            skip: Vec::new(),
+            gate_log: GateLog::Null,
+            gate_env: Vec::new(),
+            perf: None,
+            perf_args: String::new(),
+            instructions: false,
+            callgrind_dir: None,
+            drain_events: 1,
+            drain_concurrency: Vec::new(),
+            rounds: 1,
+            target_rounds,
+        }
+    }
+
+    #[test]
+    fn the_rows_the_targets_are_judged_on_run_again_after_the_rest() {
+        let once = rows(&options(1));
+        let thrice = rows(&options(3));
+        let again = &thrice[once.len()..];
+        assert_eq!(
+            thrice[..once.len()].iter().map(label).collect::<Vec<_>>(),
+            once.iter().map(label).collect::<Vec<_>>()
+        );
+        let judged: Vec<String> = again
+            .iter()
+            .filter(|r| r.round == 1)
+            .map(pair_label)
+            .collect();
+        assert_eq!(
+            judged,
+            [
+                "nginx c64",
+                "redis fresh c64",
+                "sqlite fresh c64",
+                "redis duplicate c64",
+                "sqlite duplicate c64",
+                "sqlite forged c64",
+                "redis fresh c256",
+                "sqlite fresh c256",
+                "direct @1000/s",
+                "redis fresh @1000/s",
+                "sqlite fresh @1000/s",
+            ]
+        );
+        assert_eq!(again.len(), 2 * judged.len());
+        assert!(again[judged.len()..].iter().all(|r| r.round == 2));
+    }
+
+    #[test]
+    fn rounds_of_every_row_count_towards_the_target_rounds() {
+        let o = Options {
+            rounds: 3,
+            ..options(3)
+        };
+        assert!(rows(&o).iter().all(|r| r.round < 3));
+        assert_eq!(rows(&o).len(), 3 * rows(&options(1)).len());
     }
 }
