@@ -493,17 +493,132 @@ pub fn hookgate(
     // A port `free_ports` found free can be taken before the gate binds it
     // (the load generator's connections take ephemeral ports from the same
     // range): a gate that could not listen starts again on new ports.
+    let start = || -> io::Result<Service> {
+        // A page fault maps with it the neighbouring pages that are in the page
+        // cache, so how much of the gate's binary is cached is one source of
+        // variance in the file-backed part of its RSS. Machines like these drop
+        // cached pages within minutes even when memory is free (an idle binary
+        // lost a tenth of its pages in 60 s); during one A/B a tree's and a
+        // candidate's binary ended 12.7 and 19.7 MiB cached. Each gate starts
+        // with its binary wholly cached; pages still go while the row runs.
+        io::copy(&mut fs::File::open(bin)?, &mut io::sink())?;
+        let (port, admin) = free_ports()?;
+        let secret = dir.join("stripe.secret");
+        fs::write(&secret, SECRET)?;
+        let store_section = match (store, redis) {
+            (Store::Sqlite, _) => format!(
+                "backend = \"sqlite\"\npath = \"{}\"\n",
+                dir.join(format!("{tag}.db")).display()
+            ),
+            (Store::Redis, Some(redis)) => format!(
+                "backend = \"redis\"\nurl = \"redis://127.0.0.1:{}/0\"\nprefix = \"bench-{tag}\"\n",
+                redis.port
+            ),
+            (Store::Redis, None) => return Err(io::Error::other("a redis row needs redis-server")),
+        };
+        // Queue mode: the provider accepts (202) and the relay delivers. The
+        // [queue] section is the default one, written out. A patient gate's
+        // leases (the store's claims and the relay's jobs) must exceed its
+        // upstream.timeout.
+        let (timeout, queue_section, mode) = match queue {
+            None => (String::new(), String::new(), ""),
+            Some(q) => {
+                let (timeout, lease) = match q.patient {
+                    true => ("timeout = \"120s\"\n", "240s"),
+                    false => ("", "60s"),
+                };
+                let section = format!(
+                    "[queue]
+    accept_status = 202
+    max_attempts = 12
+    max_age = \"3d\"
+    retry_initial = \"1s\"
+    retry_max = \"1h\"
+    jitter = 0.2
+    lease = \"{lease}\"
+    concurrency = {}
+    dead_on = [400, 401, 403, 404, 410, 422]
+
+    ",
+                    q.concurrency
+                );
+                (timeout.to_owned(), section, "mode = \"queue\"\n")
+            }
+        };
+        let store_lease = match queue {
+            Some(Queue { patient: true, .. }) => "lease = \"240s\"\n",
+            _ => "",
+        };
+        let config = format!(
+            "[server]
+    listen = \"127.0.0.1:{port}\"
+    admin_listen = \"127.0.0.1:{admin}\"
+
+    [upstream]
+    url = \"http://127.0.0.1:{upstream}\"
+    {timeout}
+    [store]
+    {store_section}{store_lease}
+    {queue_section}[providers.stripe]
+    scheme = \"stripe\"
+    path = \"{PATH}\"
+    secrets = [\"file:{secret}\"]
+    # Requests are signed before the run starts; a long run must not go stale.
+    tolerance = \"1h\"
+    {mode}",
+            secret = secret.display()
+        );
+        let conf = dir.join(format!("{tag}.toml"));
+        fs::write(&conf, config)?;
+        let log_path = match log {
+            GateLog::File => dir.join(format!("{tag}.log")),
+            GateLog::Null => PathBuf::from("/dev/null"),
+        };
+        let mut command = match callgrind {
+            None => Command::new(bin),
+            Some(out) => {
+                // `--instr-atstart=no`, not `--collect-atstart=no`: with the
+                // latter, `callgrind_control -i on` switches on nothing that
+                // counts (its dumps total 0).
+                let mut valgrind = Command::new("valgrind");
+                valgrind
+                    .args(["--tool=callgrind", "--instr-atstart=no"])
+                    .arg(format!("--callgrind-out-file={}", out.display()))
+                    .arg(format!("--log-file={}.valgrind.log", out.display()))
+                    .arg(bin);
+                valgrind
+            }
+        };
+        command.arg("run").arg("--config").arg(&conf);
+        // The file above is the whole configuration: no HOOKGATE_* override,
+        // and the default log filter (info: one line per delivery).
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("HOOKGATE_") || key == "RUST_LOG" {
+                command.env_remove(key);
+            }
+        }
+        command.envs(env.iter().map(|(k, v)| (k, v)));
+        let mut service =
+            Service::spawn(&format!("hookgate ({tag})"), port, &mut command, &log_path)?;
+        if let Some(out) = callgrind {
+            service.callgrind = Some(out.to_owned());
+            service.stop_within = VALGRIND_STOP_WITHIN;
+        }
+        let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin));
+        service.wait_ready(&log_path, |_| {
+            get(admin_addr, "/readyz", "127.0.0.1") == Some(200)
+        })?;
+        service.admin = Some(admin);
+        Ok(service)
+    };
     let mut attempt = 1;
     loop {
-        let started = start_gate(
-            bin, dir, tag, store, redis, upstream, queue, log, env, callgrind,
-        );
         let taken = || {
             matches!(log, GateLog::File)
                 && fs::read_to_string(dir.join(format!("{tag}.log")))
                     .is_ok_and(|text| text.contains("cannot listen on"))
         };
-        match started {
+        match start() {
             Err(e) if attempt < GATE_START_ATTEMPTS && taken() => {
                 eprintln!("        {e}: a port was taken; starting it again on new ports");
                 attempt += 1;
@@ -523,136 +638,6 @@ fn free_ports() -> io::Result<(u16, u16)> {
     let first = TcpListener::bind("127.0.0.1:0")?;
     let second = TcpListener::bind("127.0.0.1:0")?;
     Ok((first.local_addr()?.port(), second.local_addr()?.port()))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn start_gate(
-    bin: &Path,
-    dir: &Path,
-    tag: &str,
-    store: Store,
-    redis: Option<&Service>,
-    upstream: u16,
-    queue: Option<Queue>,
-    log: &GateLog,
-    env: &[(String, String)],
-    callgrind: Option<&Path>,
-) -> io::Result<Service> {
-    // A page fault maps with it the neighbouring pages that are in the page
-    // cache, so how much of the gate's binary is cached is one source of
-    // variance in the file-backed part of its RSS. Machines like these drop
-    // cached pages within minutes even when memory is free (an idle binary
-    // lost a tenth of its pages in 60 s); during one A/B a tree's and a
-    // candidate's binary ended 12.7 and 19.7 MiB cached. Each gate starts
-    // with its binary wholly cached; pages still go while the row runs.
-    io::copy(&mut fs::File::open(bin)?, &mut io::sink())?;
-    let (port, admin) = free_ports()?;
-    let secret = dir.join("stripe.secret");
-    fs::write(&secret, SECRET)?;
-    let store_section = match (store, redis) {
-        (Store::Sqlite, _) => format!(
-            "backend = \"sqlite\"\npath = \"{}\"\n",
-            dir.join(format!("{tag}.db")).display()
-        ),
-        (Store::Redis, Some(redis)) => format!(
-            "backend = \"redis\"\nurl = \"redis://127.0.0.1:{}/0\"\nprefix = \"bench-{tag}\"\n",
-            redis.port
-        ),
-        (Store::Redis, None) => return Err(io::Error::other("a redis row needs redis-server")),
-    };
-    // Queue mode: the provider accepts (202) and the relay delivers. The
-    // [queue] section is the default one, written out. A patient gate's
-    // leases (the store's claims and the relay's jobs) must exceed its
-    // upstream.timeout.
-    let (timeout, queue_section, mode) = match queue {
-        None => (String::new(), String::new(), ""),
-        Some(q) => {
-            let (timeout, lease) = match q.patient {
-                true => ("timeout = \"120s\"\n", "240s"),
-                false => ("", "60s"),
-            };
-            let section = format!(
-                "[queue]
-accept_status = 202
-max_attempts = 12
-max_age = \"3d\"
-retry_initial = \"1s\"
-retry_max = \"1h\"
-jitter = 0.2
-lease = \"{lease}\"
-concurrency = {}
-dead_on = [400, 401, 403, 404, 410, 422]
-
-",
-                q.concurrency
-            );
-            (timeout.to_owned(), section, "mode = \"queue\"\n")
-        }
-    };
-    let store_lease = match queue {
-        Some(Queue { patient: true, .. }) => "lease = \"240s\"\n",
-        _ => "",
-    };
-    let config = format!(
-        "[server]
-listen = \"127.0.0.1:{port}\"
-admin_listen = \"127.0.0.1:{admin}\"
-
-[upstream]
-url = \"http://127.0.0.1:{upstream}\"
-{timeout}
-[store]
-{store_section}{store_lease}
-{queue_section}[providers.stripe]
-scheme = \"stripe\"
-path = \"{PATH}\"
-secrets = [\"file:{secret}\"]
-# Requests are signed before the run starts; a long run must not go stale.
-tolerance = \"1h\"
-{mode}",
-        secret = secret.display()
-    );
-    let conf = dir.join(format!("{tag}.toml"));
-    fs::write(&conf, config)?;
-    let log_path = match log {
-        GateLog::File => dir.join(format!("{tag}.log")),
-        GateLog::Null => PathBuf::from("/dev/null"),
-    };
-    let mut command = match callgrind {
-        None => Command::new(bin),
-        Some(out) => {
-            // `--instr-atstart=no`, not `--collect-atstart=no`: with the
-            // latter, `callgrind_control -i on` switches on nothing that
-            // counts (its dumps total 0).
-            let mut valgrind = Command::new("valgrind");
-            valgrind
-                .args(["--tool=callgrind", "--instr-atstart=no"])
-                .arg(format!("--callgrind-out-file={}", out.display()))
-                .arg(format!("--log-file={}.valgrind.log", out.display()))
-                .arg(bin);
-            valgrind
-        }
-    };
-    command.arg("run").arg("--config").arg(&conf);
-    // The file above is the whole configuration: no HOOKGATE_* override,
-    // and the default log filter (info: one line per delivery).
-    for (key, _) in std::env::vars_os() {
-        if key.to_string_lossy().starts_with("HOOKGATE_") || key == "RUST_LOG" {
-            command.env_remove(key);
-        }
-    }
-    command.envs(env.iter().map(|(k, v)| (k, v)));
-    let mut service = Service::spawn(&format!("hookgate ({tag})"), port, &mut command, &log_path)?;
-    if let Some(out) = callgrind {
-        service.callgrind = Some(out.to_owned());
-        service.stop_within = VALGRIND_STOP_WITHIN;
-    }
-    let admin_addr = SocketAddr::from(([127, 0, 0, 1], admin));
-    service.wait_ready(&log_path, |_| {
-        get(admin_addr, "/readyz", "127.0.0.1") == Some(200)
-    })?;
-    service.admin = Some(admin);
-    Ok(service)
 }
 
 /// The gate's `/metrics` text, kept beside each row's log and returned: its
