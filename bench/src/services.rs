@@ -95,7 +95,7 @@ impl Service {
             }
             if let Some(status) = self.child.try_wait()? {
                 return Err(io::Error::other(format!(
-                    "{} exited ({status}) before it was ready; see {}",
+                    "{} exited ({status}) {EXITED_BEFORE_READY}; see {}",
                     self.name,
                     log.display()
                 )));
@@ -613,13 +613,18 @@ pub fn hookgate(
     };
     let mut attempt = 1;
     loop {
-        let taken = || {
-            matches!(log, GateLog::File)
-                && fs::read_to_string(dir.join(format!("{tag}.log")))
-                    .is_ok_and(|text| text.contains("cannot listen on"))
+        // With its log kept, the gate says why it stopped; without it
+        // (--gate-log-null, as the profile-guided build's training runs), a
+        // gate that exited before it was ready is taken to have lost its
+        // port: anything else fails again on each attempt, and then the
+        // same way.
+        let taken = |e: &io::Error| match log {
+            GateLog::File => fs::read_to_string(dir.join(format!("{tag}.log")))
+                .is_ok_and(|text| text.contains("cannot listen on")),
+            GateLog::Null => e.to_string().contains(EXITED_BEFORE_READY),
         };
         match start() {
-            Err(e) if attempt < GATE_START_ATTEMPTS && taken() => {
+            Err(e) if attempt < GATE_START_ATTEMPTS && taken(&e) => {
                 eprintln!("        {e}: a port was taken; starting it again on new ports");
                 attempt += 1;
             }
@@ -630,6 +635,9 @@ pub fn hookgate(
 
 /// Starts of a gate tried when its port was taken (`hookgate`).
 const GATE_START_ATTEMPTS: usize = 3;
+
+/// How `Service::wait_ready` says that the process exited first.
+const EXITED_BEFORE_READY: &str = "before it was ready";
 
 /// Two ports nothing listens on right now, distinct: both are held while
 /// the second is picked, so that the kernel cannot hand out the first one

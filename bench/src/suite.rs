@@ -67,8 +67,9 @@ pub struct Options {
     /// twin swap order every other round, so that drift of the machine
     /// falls on both alike.
     pub rounds: usize,
-    /// The rows the targets are judged on (`judged`) this many times in
-    /// all, the rounds past `rounds` after every other row: each target is
+    /// The rows the targets are judged on (`judged`; the tree's, not a
+    /// candidate's) this many times in all, the rounds past `rounds` after
+    /// every other row but the drains: each target is
     /// then judged on the median of its rounds, each round's gate row
     /// against that round's nginx or direct row.
     pub target_rounds: usize,
@@ -260,7 +261,8 @@ pub fn rows(o: &Options) -> Vec<Row> {
     // The rows the targets are judged on again, after the whole set, so
     // that each target is judged on a median (report::targets).
     for round in o.rounds.max(1)..o.target_rounds {
-        run.extend(all.iter().filter(|row| judged(row, o)).map(|row| Row {
+        let judged = |row: &&Row| !row.candidate && judged(row, o);
+        run.extend(all.iter().filter(judged).map(|row| Row {
             round,
             ..row.clone()
         }));
@@ -270,14 +272,17 @@ pub fn rows(o: &Options) -> Vec<Row> {
 
 /// Whether the targets are judged on `row` (report::targets): nginx's and
 /// the gate's closed-loop rows at `--connections` (mixed traffic and queue
-/// mode aside), the gate's fresh events at `--rss-connections`, and the
-/// direct and gate rows at the open-loop rate.
+/// mode aside), nginx's and the gate's fresh events at
+/// `--rss-connections` (so that each round's have their own nginx), and
+/// the direct and gate rows at the open-loop rate.
 pub fn judged(row: &Row, o: &Options) -> bool {
     match (row.pacing, row.target) {
         (_, Target::Node) => false,
         (Pacing::Open(_), target) => matches!(target, Target::Direct | Target::Gate(_)),
         (Pacing::Closed, _) if row.queue => false,
-        (Pacing::Closed, Target::Nginx) => row.connections == o.connections,
+        (Pacing::Closed, Target::Nginx) => {
+            row.connections == o.connections || row.connections == o.rss_connections
+        }
         (Pacing::Closed, Target::Gate(_)) if row.connections == o.connections => {
             row.mix != Mix::MIXED
         }
@@ -868,6 +873,7 @@ mod tests {
                 "redis duplicate c64",
                 "sqlite duplicate c64",
                 "sqlite forged c64",
+                "nginx c256",
                 "redis fresh c256",
                 "sqlite fresh c256",
                 "direct @1000/s",
@@ -877,6 +883,17 @@ mod tests {
         );
         assert_eq!(again.len(), 2 * judged.len());
         assert!(again[judged.len()..].iter().all(|r| r.round == 2));
+    }
+
+    #[test]
+    fn a_candidate_runs_no_extra_round() {
+        let o = Options {
+            candidate: Some(PathBuf::from("candidate")),
+            ..options(3)
+        };
+        let all = rows(&o);
+        assert!(all.iter().any(|r| r.candidate && r.round == 0));
+        assert!(all.iter().filter(|r| r.round > 0).all(|r| !r.candidate));
     }
 
     #[test]
