@@ -85,18 +85,25 @@ fn workload(m: &Measured) -> &'static str {
     }
 }
 
-/// nginx's closed-loop row at `connections` in `round` if nginx ran in
-/// it, else in the first.
+/// The first row that `is` finds in `round` if there is one, else in
+/// the first round: a baseline (nginx's, the direct row) that the round
+/// did not repeat.
+fn in_round(
+    results: &[Measured],
+    round: usize,
+    is: impl Fn(&Measured) -> bool,
+) -> Option<&Measured> {
+    let find = |round: usize| results.iter().find(|m| m.row.round == round && is(m));
+    find(round).or_else(|| find(0))
+}
+
+/// nginx's closed-loop row at `connections`, in `round` (`in_round`).
 fn nginx_row(results: &[Measured], connections: usize, round: usize) -> Option<&Measured> {
-    let nginx = |round: usize| {
-        results.iter().find(|m| {
-            m.row.target == Target::Nginx
-                && m.row.connections == connections
-                && m.row.round == round
-                && matches!(m.row.pacing, Pacing::Closed)
-        })
-    };
-    nginx(round).or_else(|| nginx(0))
+    in_round(results, round, |m| {
+        m.row.target == Target::Nginx
+            && m.row.connections == connections
+            && matches!(m.row.pacing, Pacing::Closed)
+    })
 }
 
 fn nginx_rate(results: &[Measured], row: &suite::Row) -> Option<f64> {
@@ -152,17 +159,11 @@ pub fn throughput(results: &[Measured]) -> String {
     out
 }
 
-/// The direct row at the open-loop rate in `round` if it ran in it, else
-/// in the first.
+/// The direct row at the open-loop rate, in `round` (`in_round`).
 fn direct_open(results: &[Measured], round: usize) -> Option<&Measured> {
-    let direct = |round: usize| {
-        results.iter().find(|m| {
-            m.row.target == Target::Direct
-                && m.row.round == round
-                && matches!(m.row.pacing, Pacing::Open(_))
-        })
-    };
-    direct(round).or_else(|| direct(0))
+    in_round(results, round, |m| {
+        m.row.target == Target::Direct && matches!(m.row.pacing, Pacing::Open(_))
+    })
 }
 
 /// The open-loop table: latency at a fixed rate, minus the direct row's.

@@ -529,17 +529,17 @@ pub fn hookgate(
                 };
                 let section = format!(
                     "[queue]
-    accept_status = 202
-    max_attempts = 12
-    max_age = \"3d\"
-    retry_initial = \"1s\"
-    retry_max = \"1h\"
-    jitter = 0.2
-    lease = \"{lease}\"
-    concurrency = {}
-    dead_on = [400, 401, 403, 404, 410, 422]
+accept_status = 202
+max_attempts = 12
+max_age = \"3d\"
+retry_initial = \"1s\"
+retry_max = \"1h\"
+jitter = 0.2
+lease = \"{lease}\"
+concurrency = {}
+dead_on = [400, 401, 403, 404, 410, 422]
 
-    ",
+",
                     q.concurrency
                 );
                 (timeout.to_owned(), section, "mode = \"queue\"\n")
@@ -551,21 +551,21 @@ pub fn hookgate(
         };
         let config = format!(
             "[server]
-    listen = \"127.0.0.1:{port}\"
-    admin_listen = \"127.0.0.1:{admin}\"
+listen = \"127.0.0.1:{port}\"
+admin_listen = \"127.0.0.1:{admin}\"
 
-    [upstream]
-    url = \"http://127.0.0.1:{upstream}\"
-    {timeout}
-    [store]
-    {store_section}{store_lease}
-    {queue_section}[providers.stripe]
-    scheme = \"stripe\"
-    path = \"{PATH}\"
-    secrets = [\"file:{secret}\"]
-    # Requests are signed before the run starts; a long run must not go stale.
-    tolerance = \"1h\"
-    {mode}",
+[upstream]
+url = \"http://127.0.0.1:{upstream}\"
+{timeout}
+[store]
+{store_section}{store_lease}
+{queue_section}[providers.stripe]
+scheme = \"stripe\"
+path = \"{PATH}\"
+secrets = [\"file:{secret}\"]
+# Requests are signed before the run starts; a long run must not go stale.
+tolerance = \"1h\"
+{mode}",
             secret = secret.display()
         );
         let conf = dir.join(format!("{tag}.toml"));
@@ -611,18 +611,17 @@ pub fn hookgate(
         service.admin = Some(admin);
         Ok(service)
     };
+    // With its log kept, the gate says why it stopped; without it
+    // (--gate-log-null, as the profile-guided build's training runs), a
+    // gate that exited before it was ready is taken to have lost its port:
+    // anything else fails again on each attempt, and then the same way.
+    let taken = |e: &io::Error| match log {
+        GateLog::File => fs::read_to_string(dir.join(format!("{tag}.log")))
+            .is_ok_and(|text| text.contains("cannot listen on")),
+        GateLog::Null => e.to_string().contains(EXITED_BEFORE_READY),
+    };
     let mut attempt = 1;
     loop {
-        // With its log kept, the gate says why it stopped; without it
-        // (--gate-log-null, as the profile-guided build's training runs), a
-        // gate that exited before it was ready is taken to have lost its
-        // port: anything else fails again on each attempt, and then the
-        // same way.
-        let taken = |e: &io::Error| match log {
-            GateLog::File => fs::read_to_string(dir.join(format!("{tag}.log")))
-                .is_ok_and(|text| text.contains("cannot listen on")),
-            GateLog::Null => e.to_string().contains(EXITED_BEFORE_READY),
-        };
         match start() {
             Err(e) if attempt < GATE_START_ATTEMPTS && taken(&e) => {
                 eprintln!("        {e}: a port was taken; starting it again on new ports");
