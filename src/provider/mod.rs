@@ -50,6 +50,9 @@ pub enum VerifyError {
     MissingHeader(&'static str),
     #[error("signature header {0} is malformed")]
     Malformed(&'static str),
+    /// Two headers that must name the same delivery name different ones.
+    #[error("headers {0} and {1} differ")]
+    Conflict(&'static str, &'static str),
     #[error("no active secret matches the signature")]
     NoMatch,
     #[error("the provider has no usable secret")]

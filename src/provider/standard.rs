@@ -60,14 +60,23 @@ pub fn verify(delivery: &Delivery<'_>, secrets: &[ActiveSecret]) -> Result<Verif
     let headers = delivery.headers;
     // The family is chosen as a whole, as the official libraries do, so a
     // delivery cannot mix an id from one with a signature from the other.
-    let names = if headers.contains_key(WEBHOOK.signature) {
-        &WEBHOOK
+    let (names, other) = if headers.contains_key(WEBHOOK.signature) {
+        (&WEBHOOK, &SVIX)
     } else if headers.contains_key(SVIX.signature) {
-        &SVIX
+        (&SVIX, &WEBHOOK)
     } else {
         return Err(VerifyError::MissingHeader(WEBHOOK.signature));
     };
     let id = text(headers, names.id)?;
+    // The key is read from `webhook-id`, else `svix-id` (`DESCRIPTOR`),
+    // whichever family was signed: a Svix delivery with a `webhook-id` of
+    // the sender's choosing added would otherwise verify and be claimed
+    // under a new key each time it is replayed. Both present must agree.
+    if let Some(unsigned) = headers.get(other.id)
+        && unsigned.as_bytes() != id.as_bytes()
+    {
+        return Err(VerifyError::Conflict(names.id, other.id));
+    }
     let ts = text(headers, names.timestamp)?;
     let timestamp =
         crypto::parse_unix_seconds(ts).ok_or(VerifyError::Malformed(names.timestamp))?;
@@ -198,6 +207,35 @@ mod tests {
             .collect();
         let got = check(&pairs, BODY, &[&SECRET[6..]]);
         assert_eq!(got.map(|v| v.timestamp), Ok(Some(1614265330)));
+    }
+
+    /// The key is read from `webhook-id`, else `svix-id`: an id header of
+    /// the other family must name the signed delivery, or a replay with a
+    /// new unsigned id would be claimed as a new event.
+    #[test]
+    fn an_unsigned_id_that_differs_from_the_signed_one_is_refused() {
+        let svix: Vec<(String, Vec<u8>)> = official(SIGNATURE)
+            .into_iter()
+            .map(|(n, v)| (n.replace("webhook-", "svix-"), v))
+            .collect();
+        let with = |extra: (&'static str, &'static [u8])| {
+            let mut pairs: Vec<(&str, &[u8])> = svix
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_slice()))
+                .collect();
+            pairs.push(extra);
+            check(&pairs, BODY, &[SECRET])
+        };
+        assert_eq!(
+            with(("webhook-id", b"msg_replayed_1")),
+            Err(VerifyError::Conflict("svix-id", "webhook-id"))
+        );
+        assert!(with(("webhook-id", ID.as_bytes())).is_ok(), "the same id");
+
+        let mut webhook = official(SIGNATURE);
+        webhook.push(("svix-id", b"msg_other".to_vec()));
+        let got = check(&as_pairs(&webhook), BODY, &[SECRET]);
+        assert_eq!(got, Err(VerifyError::Conflict("webhook-id", "svix-id")));
     }
 
     #[test]

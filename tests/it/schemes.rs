@@ -3,7 +3,7 @@
 //! timestamps refused where the scheme signs one. Plus what each sender does
 //! differently: Slack's url_verification handshake and retry headers,
 //! Twilio's URL forms, repeated parameters and status callbacks, SendGrid's
-//! public-key signatures, Shopify's webhook id.
+//! public-key signatures, Shopify's webhook id, Svix's own header names.
 
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -19,6 +19,7 @@ use crate::support::upstream::Upstream;
 const SLACK_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
 const TWILIO_TOKEN: &str = "twilio_auth_token_do_not_log_91c2";
 const SHOPIFY_SECRET: &str = "shpss_client_secret_do_not_log_7d1e";
+const SVIX_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 fn now() -> i64 {
     SystemTime::now()
@@ -621,5 +622,50 @@ async fn shopify_deliveries_are_keyed_on_the_webhook_id() {
     let a = gate.post(path, &keyless, body).await;
     assert_eq!(a.json()["error"], "missing_key");
     assert_eq!(up.count(), 3);
+    gate.shutdown().await;
+}
+
+// ---- Standard Webhooks, with Svix's names ----------------------------------
+
+/// A Svix delivery signs `svix-id`; the default key reads `webhook-id`
+/// first. Replayed with a `webhook-id` of the attacker's choosing, it must
+/// not reach the app again under a new key.
+#[tokio::test]
+async fn a_svix_delivery_replayed_with_a_new_webhook_id_is_refused() {
+    let gate = GateFixture::provider("svix", Scheme::Standard)
+        .secret(SVIX_SECRET)
+        .start()
+        .await;
+    let up = gate.upstream();
+    let path = "/webhooks/svix";
+    let body = br#"{"type":"invoice.paid","data":{"id":"in_1"}}"#;
+    let svix: Vec<_> = signed(&Scheme::Standard, SVIX_SECRET, body, "msg_2Lx01", None)
+        .into_iter()
+        .map(|(k, v)| (k.replace("webhook-", "svix-"), v))
+        .collect();
+    assert!(svix.iter().any(|(k, _)| k == "svix-signature"));
+
+    let first = gate.post(path, &svix, body).await;
+    assert_eq!(first.result(), "forwarded");
+    assert_eq!(
+        up.received()[0].headers["hookgate-event-key"],
+        "svix:msg_2lx01",
+        "keyed on the id that was signed"
+    );
+    assert_eq!(gate.post(path, &svix, body).await.result(), "duplicate");
+
+    for n in 1..=3 {
+        let mut replay = svix.clone();
+        replay.push(header("webhook-id", &format!("msg_replayed_{n}")));
+        let a = gate.post(path, &replay, body).await;
+        assert_eq!(a.status, 400, "replay {n}: reject_status, 400 by default");
+        assert_eq!(a.json()["error"], "invalid_signature");
+    }
+    // The same id under both names is one delivery, as Svix's own libraries
+    // would send it.
+    let mut both = svix.clone();
+    both.push(header("webhook-id", "msg_2Lx01"));
+    assert_eq!(gate.post(path, &both, body).await.result(), "duplicate");
+    assert_eq!(up.count(), 1, "only the first delivery reached the app");
     gate.shutdown().await;
 }
