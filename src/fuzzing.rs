@@ -53,16 +53,21 @@ pub const TARGETS: &[Target] = &[
 pub fn path_normalization(data: &[u8]) {
     use crate::route::{Route, RouteSpec, Routes, canonical, lenient};
     let text = String::from_utf8_lossy(data);
-    let routes = Routes::new([
-        RouteSpec {
-            path: "/webhooks/stripe",
-            case_sensitive: false,
-        },
-        RouteSpec {
-            path: "/hooks/Exact.v1/",
-            case_sensitive: true,
-        },
-    ]);
+    let routes = Routes::new(
+        "/api",
+        [
+            RouteSpec {
+                path: "/webhooks/stripe",
+                upstream_path: None,
+                case_sensitive: false,
+            },
+            RouteSpec {
+                path: "/hooks/Exact.v1/",
+                upstream_path: Some("/internal/exact"),
+                case_sensitive: true,
+            },
+        ],
+    );
     let route = routes.route(&text);
     let _ = lenient(&text, true);
     let _ = lenient(&text, false);

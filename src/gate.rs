@@ -93,10 +93,14 @@ impl Gate {
                 }
             })
             .collect();
-        let routes = Routes::new(providers.iter().map(|p| RouteSpec {
-            path: &p.settings.path,
-            case_sensitive: p.settings.case_sensitive_path,
-        }));
+        let routes = Routes::new(
+            settings.upstream.url.path(),
+            providers.iter().map(|p| RouteSpec {
+                path: &p.settings.path,
+                upstream_path: p.settings.upstream_path.as_deref(),
+                case_sensitive: p.settings.case_sensitive_path,
+            }),
+        );
         let admin_token = settings.server.admin_token.clone().map(|spec| {
             let (token, problems) = SecretSet::load(vec![spec]);
             for problem in problems {

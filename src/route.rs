@@ -11,11 +11,18 @@
 //!   empty and `.` segments dropped (repeated and trailing slashes), `..`
 //!   resolved, and ASCII case folded unless the provider matches case. A
 //!   canonical match is that provider's delivery.
-//! - its *lenient* form, the most any framework might make of it: every
-//!   escape decoded (twice-encoded too), `\` read as `/`, trailing dots,
-//!   blanks and a file extension dropped, any case folded. A path that
-//!   reaches a provider only this way is ambiguous and refused (`bad_path`),
-//!   never passed through.
+//! - its *lenient* forms, the most any framework might make of it: every
+//!   escape decoded (twice-encoded and IIS's `%u0073` too), `\` read as
+//!   `/`, trailing dots, blanks and a file extension dropped, any case
+//!   folded; `..` resolved both after empty segments are merged (most
+//!   routers) and before (RFC 3986's algorithm, as Kestrel and the WHATWG
+//!   URL parser do: `/webhooks//../stripe` is `/webhooks/stripe` there). A
+//!   path that reaches a provider only this way is ambiguous and refused
+//!   (`bad_path`), never passed through.
+//! - what the app will be sent for a passed-through path: the upstream's
+//!   base path before it. Read leniently, that must not reach the path the
+//!   app is sent a provider's deliveries on (the provider's `upstream_path`,
+//!   or `/../api/webhooks/stripe` climbing back into a base path of `/api`).
 //!
 //! Written here rather than taken from a crate: URL crates normalize whole
 //! URLs to RFC 3986 (which keeps `//`, `;` and case), not the way routers
@@ -37,6 +44,8 @@ pub enum Route {
 /// A provider's path as the route table needs it.
 pub struct RouteSpec<'a> {
     pub path: &'a str,
+    /// Where the app is sent its deliveries, when not `path`.
+    pub upstream_path: Option<&'a str>,
     /// Match ASCII case exactly instead of folding it.
     pub case_sensitive: bool,
 }
@@ -52,6 +61,13 @@ pub struct Routes {
     lenient_exact: HashMap<String, usize>,
     /// Lenient, case-folded forms of the others.
     lenient_folded: HashMap<String, usize>,
+    /// The upstream's base path, which every forwarded path follows.
+    base: String,
+    /// Lenient forms of the paths the app is sent deliveries on, base
+    /// included, where they differ from the provider's own (`lenient_*`
+    /// already guards those); case folded unless the provider matches case.
+    app_exact: HashMap<String, usize>,
+    app_folded: HashMap<String, usize>,
 }
 
 /// Why a path has no canonical form.
@@ -61,27 +77,64 @@ pub enum PathError {
     BadEscape,
     #[error("the path does not start with `/`")]
     NotAbsolute,
+    #[error("a request's path has no `?`, `#`, blank or control character")]
+    NotPlain,
+}
+
+/// `path` if it can be a request's path, as a provider's `path` and
+/// `upstream_path` must: a path with a query would never match a request
+/// (whose path routing reads without its query), so its provider would be
+/// left to passthrough, unverified.
+pub fn plain(path: &str) -> Result<&str, PathError> {
+    if !path.starts_with('/') {
+        return Err(PathError::NotAbsolute);
+    }
+    if path
+        .chars()
+        .any(|c| matches!(c, '?' | '#') || c.is_whitespace() || c.is_control())
+    {
+        return Err(PathError::NotPlain);
+    }
+    Ok(path)
 }
 
 impl Routes {
-    /// The table for providers in index order. Paths are validated (and
-    /// made unique) by the config; one without a canonical form is left out.
-    pub fn new<'a>(specs: impl IntoIterator<Item = RouteSpec<'a>>) -> Self {
-        let mut routes = Self::default();
+    /// The table for providers in index order, with `base`, the path of the
+    /// upstream's URL. Paths are validated (and made unique) by the config;
+    /// one without a canonical form is left out.
+    pub fn new<'a>(base: &str, specs: impl IntoIterator<Item = RouteSpec<'a>>) -> Self {
+        let base = base.trim_end_matches('/');
+        let mut routes = Self {
+            base: base.to_owned(),
+            ..Self::default()
+        };
         for (index, spec) in specs.into_iter().enumerate() {
             let Ok(canonical) = canonical(spec.path) else {
                 continue;
             };
-            if spec.case_sensitive {
-                routes.exact.insert(canonical, index);
-                routes
-                    .lenient_exact
-                    .insert(lenient(spec.path, false), index);
+            let fold = !spec.case_sensitive;
+            let (own, lenient_own) = if fold {
+                (&mut routes.folded, &mut routes.lenient_folded)
             } else {
-                routes.folded.insert(canonical.to_ascii_lowercase(), index);
-                routes
-                    .lenient_folded
-                    .insert(lenient(spec.path, true), index);
+                (&mut routes.exact, &mut routes.lenient_exact)
+            };
+            own.insert(
+                if fold {
+                    canonical.to_ascii_lowercase()
+                } else {
+                    canonical
+                },
+                index,
+            );
+            lenient_own.insert(lenient(spec.path, fold), index);
+            let app_path = [base, spec.upstream_path.unwrap_or(spec.path)].concat();
+            if app_path != spec.path {
+                let app = if fold {
+                    &mut routes.app_folded
+                } else {
+                    &mut routes.app_exact
+                };
+                app.insert(lenient(&app_path, fold), index);
             }
         }
         routes
@@ -102,16 +155,25 @@ impl Routes {
                 return Route::Provider(i);
             }
         }
-        let ambiguous = (!self.lenient_folded.is_empty()
-            && self.lenient_folded.contains_key(&lenient(path, true)))
-            || (!self.lenient_exact.is_empty()
-                && self.lenient_exact.contains_key(&lenient(path, false)));
+        let forwarded = || [self.base.as_str(), path].concat();
+        let ambiguous = reaches(&self.lenient_folded, path, true)
+            || reaches(&self.lenient_exact, path, false)
+            || reaches(&self.app_folded, &forwarded(), true)
+            || reaches(&self.app_exact, &forwarded(), false);
         if ambiguous {
             Route::Refused
         } else {
             Route::Other
         }
     }
+}
+
+/// Whether either lenient form of `path` is in `table`.
+fn reaches(table: &HashMap<String, usize>, path: &str, fold_case: bool) -> bool {
+    !table.is_empty()
+        && [Dots::AfterMerging, Dots::BeforeMerging]
+            .into_iter()
+            .any(|dots| table.contains_key(&lenient_as(path, fold_case, dots)))
 }
 
 /// The canonical form of a path, case preserved (see the module doc).
@@ -134,9 +196,23 @@ pub fn canonical(path: &str) -> Result<String, PathError> {
     Ok(join(&segments))
 }
 
+/// When `..` is resolved against empty segments (`//`).
+#[derive(Clone, Copy)]
+enum Dots {
+    /// Empty segments dropped first, so `..` removes the last named one.
+    AfterMerging,
+    /// RFC 3986's order: `..` removes the segment before it even if empty.
+    BeforeMerging,
+}
+
 /// The lenient form of a path (see the module doc), its case folded when
-/// `fold_case`. Never fails: a `%` that starts no escape is dropped.
+/// `fold_case`, `..` resolved after empty segments are merged. Never fails:
+/// a `%` that starts no escape is dropped.
 pub fn lenient(path: &str, fold_case: bool) -> String {
+    lenient_as(path, fold_case, Dots::AfterMerging)
+}
+
+fn lenient_as(path: &str, fold_case: bool, dots: Dots) -> String {
     let mut bytes = path.as_bytes().to_vec();
     // Twice-encoded (`%2573`) decodes in two rounds; a third changes nothing
     // a framework would do.
@@ -153,41 +229,44 @@ pub fn lenient(path: &str, fold_case: bool) -> String {
         text.into_owned()
     };
     let text = text.replace('\\', "/");
-    let mut segments: Vec<String> = Vec::new();
-    let parts: Vec<&str> = text.split('/').collect();
-    let last = parts.len().saturating_sub(1);
-    for (n, raw) in parts.into_iter().enumerate() {
+    let trim = |c: char| c.is_whitespace() || c.is_control() || c == '.';
+    let mut segments: Vec<&str> = Vec::new();
+    for raw in text.split('/') {
         let raw = raw.split(';').next().unwrap_or("");
-        let trim = |c: char| c.is_whitespace() || c.is_control() || c == '.';
-        let mut segment = raw.trim_matches(|c: char| c.is_whitespace() || c.is_control());
-        if segment == "." || segment == ".." {
-            if segment == ".." {
+        let segment = raw.trim_matches(|c: char| c.is_whitespace() || c.is_control());
+        match segment {
+            "." => {}
+            ".." => {
                 segments.pop();
             }
-            continue;
+            _ => {
+                let segment = segment.trim_end_matches(trim);
+                if !segment.is_empty() || matches!(dots, Dots::BeforeMerging) {
+                    segments.push(segment);
+                }
+            }
         }
-        segment = segment.trim_end_matches(trim);
-        if n == last
-            && let Some((stem, _extension)) = segment.rsplit_once('.')
-            && !stem.is_empty()
-        {
-            segment = stem.trim_end_matches(trim);
-        }
-        if !segment.is_empty() {
-            segments.push(segment.to_owned());
-        }
+    }
+    segments.retain(|s| !s.is_empty());
+    // The extension of the last segment, even with slashes after it: Rails
+    // drops a trailing `/` before it reads a `(.:format)`.
+    if let Some(last) = segments.last_mut()
+        && let Some((stem, _extension)) = last.rsplit_once('.')
+        && !stem.is_empty()
+    {
+        *last = stem.trim_end_matches(trim);
     }
     join(&segments)
 }
 
-fn join(segments: &[String]) -> String {
+fn join(segments: &[impl AsRef<str>]) -> String {
     if segments.is_empty() {
         return "/".to_owned();
     }
-    let mut out = String::with_capacity(segments.iter().map(|s| s.len() + 1).sum());
+    let mut out = String::with_capacity(segments.iter().map(|s| s.as_ref().len() + 1).sum());
     for segment in segments {
         out.push('/');
-        out.push_str(segment);
+        out.push_str(segment.as_ref());
     }
     out
 }
@@ -225,11 +304,18 @@ fn decode_unreserved(segment: &str) -> Result<String, PathError> {
     Ok(out)
 }
 
-/// Decodes every valid escape and drops a `%` that starts none.
+/// Decodes every valid escape, IIS's `%uXXXX` too, and drops a `%` that
+/// starts none.
 fn decode_all(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
+        if let Some(c) = iis_escape(&bytes[i..]) {
+            let mut utf8 = [0; 4];
+            out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+            i += 6;
+            continue;
+        }
         let escaped = (bytes[i] == b'%')
             .then(|| Some((hex(*bytes.get(i + 1)?)?, hex(*bytes.get(i + 2)?)?)))
             .flatten();
@@ -249,6 +335,17 @@ fn decode_all(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The character of a `%uXXXX` escape at the start of `bytes`.
+fn iis_escape(bytes: &[u8]) -> Option<char> {
+    let [b'%', b'u' | b'U', digits @ ..] = bytes.get(..6)? else {
+        return None;
+    };
+    let code = digits
+        .iter()
+        .try_fold(0u32, |code, d| Some(code << 4 | u32::from(hex(*d)?)))?;
+    char::from_u32(code)
+}
+
 fn hex(b: u8) -> Option<u8> {
     char::from(b).to_digit(16).map(|d| d as u8)
 }
@@ -258,16 +355,21 @@ mod tests {
     use super::*;
 
     fn table() -> Routes {
-        Routes::new([
-            RouteSpec {
-                path: "/webhooks/stripe",
-                case_sensitive: false,
-            },
-            RouteSpec {
-                path: "/hooks/Exact",
-                case_sensitive: true,
-            },
-        ])
+        Routes::new(
+            "",
+            [
+                RouteSpec {
+                    path: "/webhooks/stripe",
+                    upstream_path: None,
+                    case_sensitive: false,
+                },
+                RouteSpec {
+                    path: "/hooks/Exact",
+                    upstream_path: None,
+                    case_sensitive: true,
+                },
+            ],
+        )
     }
 
     /// Asserts that each of `paths` routes to `expected`, naming the one
@@ -324,8 +426,75 @@ mod tests {
                 "/webhooks/%C5%BFtripe",
                 "/webhooks/stripe%3Bx=1",
                 "/webhooks/stripe%09",
+                // Rails drops the trailing slash, then reads the format.
+                "/webhooks/stripe.json/",
+                "/webhooks//stripe.json//",
+                // `..` before the empty segments merge (Kestrel, WHATWG).
+                "/webhooks//../stripe",
+                "/webhooks/stripe//..",
+                "/webhooks//%2e%2e/stripe",
+                // IIS's `%u` escapes.
+                "/webhooks/%u0073tripe",
+                "/webhooks/%U0053TRIPE",
             ],
         );
+    }
+
+    /// What the app is sent for a passed-through path is the upstream's
+    /// base path and the request's: read leniently, it must not reach the
+    /// path the app gets a provider's deliveries on.
+    #[test]
+    fn a_passed_through_path_cannot_reach_the_apps_delivery_path() {
+        let routes = Routes::new(
+            "/api/",
+            [
+                RouteSpec {
+                    path: "/webhooks/stripe",
+                    upstream_path: None,
+                    case_sensitive: false,
+                },
+                RouteSpec {
+                    path: "/webhooks/github",
+                    upstream_path: Some("/internal/github"),
+                    case_sensitive: false,
+                },
+            ],
+        );
+        // Forwarded as `/api/../api/webhooks/stripe` and so on.
+        for path in [
+            "/../api/webhooks/stripe",
+            "/%2e%2e/api/webhooks/stripe",
+            "/x/../../api/webhooks/stripe/",
+            "/internal/github",
+            "/Internal/GitHub.json",
+        ] {
+            assert_eq!(routes.route(path), Route::Refused, "{path}");
+        }
+        assert_eq!(routes.route("/webhooks/github"), Route::Provider(1));
+        for path in ["/health", "/api/webhooks/stripe", "/../internal/github"] {
+            assert_eq!(
+                routes.route(path),
+                Route::Other,
+                "/api{path} is no delivery path"
+            );
+        }
+
+        let no_base = Routes::new(
+            "",
+            [RouteSpec {
+                path: "/webhooks/github",
+                upstream_path: Some("/internal/github"),
+                case_sensitive: false,
+            }],
+        );
+        for path in [
+            "/internal/github",
+            "/Internal//GitHub/",
+            "/internal/github.json",
+        ] {
+            assert_eq!(no_base.route(path), Route::Refused, "{path}");
+        }
+        assert_eq!(no_base.route("/internal/other"), Route::Other);
     }
 
     #[test]

@@ -433,3 +433,38 @@ fn sizes_take_units_and_plain_integers() {
         "{errs:?}"
     );
 }
+
+/// A request's path never holds a query or a fragment (routing reads it
+/// without its query), so a provider whose path did would never match, and
+/// its deliveries would pass through unverified.
+#[test]
+fn a_path_with_a_query_fragment_or_blank_is_refused() {
+    for (path, upstream_path) in [
+        ("/hooks?token=abc", "/internal"),
+        ("/hooks#x", "/internal"),
+        ("/hooks/a b", "/internal"),
+        ("/hooks", "/internal?x=1"),
+        ("/hooks", "internal"),
+    ] {
+        let errs = errors(&format!(
+            "[providers.pay]\nscheme = \"stripe\"\npath = \"{path}\"\nupstream_path = \"{upstream_path}\"\nsecrets = [\"env:PAY_SECRET\"]\n"
+        ));
+        let field = if path == "/hooks" {
+            "upstream_path"
+        } else {
+            "path"
+        };
+        assert_eq!(
+            errs,
+            [format!(
+                "providers.pay.{field}: must be a URL path: {}",
+                if upstream_path == "internal" {
+                    "the path does not start with `/`"
+                } else {
+                    "a request's path has no `?`, `#`, blank or control character"
+                }
+            )],
+            "{path} {upstream_path}"
+        );
+    }
+}

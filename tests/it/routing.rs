@@ -30,7 +30,7 @@ const SAME_PATH: [&str; 14] = [
 
 /// Spellings that reach `/webhooks/stripe` only through an ambiguous
 /// decoding: refused, whatever the method.
-const AMBIGUOUS: [&str; 8] = [
+const AMBIGUOUS: [&str; 11] = [
     "/webhooks%2Fstripe",
     "/webhooks%2fstripe",
     "/webhooks/%2573tripe",
@@ -39,6 +39,12 @@ const AMBIGUOUS: [&str; 8] = [
     "/webhooks/stripe%20",
     "/webhooks/stripe%00",
     "/webhooks/stripe%",
+    // Rails drops the trailing slash before it reads the format.
+    "/webhooks/stripe.json/",
+    // Kestrel and the WHATWG parser resolve `..` before merging slashes.
+    "/webhooks//../stripe",
+    // IIS decodes `%u` escapes.
+    "/webhooks/%u0073tripe",
 ];
 
 #[tokio::test]
@@ -161,5 +167,51 @@ async fn without_passthrough_unclaimed_paths_are_unknown_and_ambiguous_ones_bad(
     assert_eq!(bad.status, 400);
     assert_eq!(bad.result(), "bad_path");
     assert_eq!(gate.upstream().count(), 0);
+    gate.shutdown().await;
+}
+
+/// What the app is sent for a passed-through path is the upstream's base
+/// path and the request's path: no spelling may reach the path the app is
+/// sent a provider's deliveries on, `upstream_path` included.
+#[tokio::test]
+async fn passthrough_cannot_reach_the_apps_delivery_path() {
+    let up = crate::support::upstream::Upstream::start().await;
+    let gate = GateFixture::stripe()
+        .upstream_url(&format!("{}/api", up.url()))
+        .add_provider("github", Scheme::Github)
+        .secret("github_secret_do_not_log")
+        .provider_extra("upstream_path = \"/internal/github\"")
+        .start()
+        .await;
+    let body = stripe_event("evt_climbing");
+    let forged = signed(&Scheme::Stripe, "whsec_not_the_secret", &body, "", None);
+    // The app gets Stripe's deliveries on /api/webhooks/stripe and
+    // GitHub's on /api/internal/github.
+    for path in [
+        "/../api/webhooks/stripe",
+        "/%2e%2e/api/webhooks/stripe",
+        "/x/../../api/webhooks/stripe/",
+        "/internal/github",
+        "/Internal//GitHub/",
+    ] {
+        let answer = gate.post(path, &forged, &body).await;
+        assert_eq!(answer.status, 400, "{path}");
+        assert_eq!(answer.result(), "bad_path", "{path}");
+    }
+    assert_eq!(
+        up.count(),
+        0,
+        "nothing reached the app: {:?}",
+        up.received()
+    );
+
+    let genuine = gate.sign(&body);
+    let a = gate.post("/webhooks/stripe", &genuine, &body).await;
+    assert_eq!(a.result(), "forwarded");
+    assert_eq!(up.received()[0].uri, "/api/webhooks/stripe");
+    // Other paths still pass through, under the base path.
+    let other = gate.post("/health", &[], b"").await;
+    assert_eq!(other.status, 200);
+    assert_eq!(up.received()[1].uri, "/api/health");
     gate.shutdown().await;
 }

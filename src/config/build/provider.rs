@@ -36,7 +36,11 @@ pub(super) fn providers(
         }
         // Routing compares canonical paths (crate::route), so two spellings
         // of one path are one path.
-        match p.path.as_deref().map(crate::route::canonical) {
+        match p
+            .path
+            .as_deref()
+            .map(|path| crate::route::plain(path).and_then(crate::route::canonical))
+        {
             None => i.push(
                 at("path"),
                 "required: the path the sender posts to, like \"/webhooks/stripe\"",
@@ -96,10 +100,8 @@ pub(super) fn providers(
                 StatusCode::BAD_REQUEST
             }
         };
-        if let Some(up) = &p.upstream_path
-            && !up.starts_with('/')
-        {
-            i.push(at("upstream_path"), "must start with `/`");
+        if let Some(Err(e)) = p.upstream_path.as_deref().map(crate::route::plain) {
+            i.push(at("upstream_path"), format!("must be a URL path: {e}"));
         }
         let passthrough_methods = p
             .passthrough_methods
