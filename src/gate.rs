@@ -184,6 +184,12 @@ fn spawn_housekeeping(weak: Weak<Gate>) {
                         tracing::info!(provider = %p.settings.name, "secret files changed; reloaded");
                     }
                 }
+                // A rotated admin token revokes the old one without a restart.
+                if let Some(token) = &gate.admin_token
+                    && token.reload_files() > 0
+                {
+                    tracing::info!("server.admin_token file changed; reloaded");
+                }
             });
             if let Err(e) = reload.await
                 && e.is_panic()

@@ -61,12 +61,16 @@ impl SourceLimit {
 
 /// The source of a request: the peer, or, behind a trusted ingress, the
 /// last address in `client_ip_header` (the one the ingress itself saw; the
-/// earlier entries are whatever the client claimed).
+/// earlier entries are whatever the client claimed). The last entry of the
+/// header's last line, as an ingress that adds a line of its own rather
+/// than appending puts it there; an entry that is not an address (`unknown`,
+/// `ip:port`) means the peer, never an earlier entry the client wrote.
 pub fn source_ip(peer: IpAddr, headers: &HeaderMap, header: Option<&HeaderName>) -> IpAddr {
     header
-        .and_then(|h| headers.get(h))
+        .and_then(|h| headers.get_all(h).iter().next_back())
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.rsplit(',').find_map(|part| part.trim().parse().ok()))
+        .and_then(|v| v.rsplit(',').next())
+        .and_then(|last| last.trim().parse().ok())
         .unwrap_or(peer)
 }
 
@@ -113,5 +117,27 @@ mod tests {
             "203.0.113.7".parse::<IpAddr>().unwrap()
         );
         assert_eq!(source_ip(peer, &h, None), peer);
+    }
+
+    /// What the client wrote never names the source: not a first line
+    /// before the ingress's own, nor an entry before one that does not
+    /// parse.
+    #[test]
+    fn only_the_ingress_entry_names_the_source() {
+        let peer: IpAddr = "10.0.0.9".parse().unwrap();
+        let name = HeaderName::from_static("x-forwarded-for");
+        let ingress: IpAddr = "203.0.113.7".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.append(&name, "198.51.100.23".parse().unwrap());
+        h.append(&name, "203.0.113.7".parse().unwrap());
+        assert_eq!(source_ip(peer, &h, Some(&name)), ingress, "the last line");
+        for unparsed in [
+            "198.51.100.23, unknown",
+            "198.51.100.23, 203.0.113.7:443",
+            "198.51.100.23,",
+        ] {
+            h.insert(&name, unparsed.parse().unwrap());
+            assert_eq!(source_ip(peer, &h, Some(&name)), peer, "{unparsed}");
+        }
     }
 }

@@ -18,20 +18,23 @@ pub struct Source<'a> {
 }
 
 /// Takes a token from each bucket that applies; 429 when one is empty.
+/// The source's bucket first: a source over its own rate is refused without
+/// spending the provider's tokens, so one flooding address cannot empty the
+/// bucket the provider's real deliveries draw from.
 pub fn check(
     provider: &Provider,
     source: &Source<'_>,
     headers: &HeaderMap,
 ) -> Result<(), GateError> {
-    if let Some(limit) = &provider.limit {
-        limit
-            .check()
-            .map_err(|retry_after| GateError::RateLimited { retry_after })?;
-    }
     if let Some(limit) = source.limit {
         let ip = source_ip(source.peer, headers, source.header);
         limit
             .check(ip)
+            .map_err(|retry_after| GateError::RateLimited { retry_after })?;
+    }
+    if let Some(limit) = &provider.limit {
+        limit
+            .check()
             .map_err(|retry_after| GateError::RateLimited { retry_after })?;
     }
     Ok(())

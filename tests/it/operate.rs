@@ -146,6 +146,33 @@ async fn sources_are_limited_each_on_their_own() {
     gate.shutdown().await;
 }
 
+/// A source over its own rate is refused before it spends the provider's
+/// tokens: a flood from one address leaves the provider's bucket to the
+/// others.
+#[tokio::test]
+async fn a_flooding_source_does_not_spend_the_providers_tokens() {
+    let gate = GateFixture::stripe()
+        .provider_extra("rate_limit = { per_second = 1, burst = 2 }")
+        .server_extra("client_ip_header = \"X-Forwarded-For\"")
+        .server_extra("per_source_rate_limit = { per_second = 1, burst = 1 }")
+        .start()
+        .await;
+    let send = |n: usize, source: &str| {
+        let body = stripe_event(&format!("evt_flood_{n}"));
+        let mut h = gate.sign(&body);
+        h.push(("x-forwarded-for".into(), source.into()));
+        let addr = gate.addr;
+        async move { post(addr, "/webhooks/stripe", &h, &body).await.status }
+    };
+    assert_eq!(send(0, "198.51.100.66").await, 200);
+    for n in 1..=5 {
+        assert_eq!(send(n, "198.51.100.66").await, 429, "flood {n}");
+    }
+    // The provider's burst of 2 had one token left for another source.
+    assert_eq!(send(6, "198.51.100.7").await, 200);
+    gate.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_slowloris_client_is_cut_off() {
     let gate = GateFixture::stripe()
