@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -158,10 +159,11 @@ pub async fn serve<F, Fut>(
                                 },
                                 _ = stopping.wait_for(|stop| *stop) => return Ok(()),
                             };
-                            protocols.serve(TokioIo::new(stream), http1, service, watcher).await
+                            protocols.serve(TokioIo::new(stream), http1, service, watcher, stopping).await
                         });
                     }
                     Some(acceptor) => {
+                        let stopping = shutdown.clone();
                         let handshake_timeout = limits.header_read_timeout;
                         spawn_connection(peer, slot, async move {
                             // A client that never finishes the handshake is
@@ -176,7 +178,7 @@ pub async fn serve<F, Fut>(
                             // HTTP/2 over TLS is negotiated by ALPN (RFC 9113,
                             // 3.2): without "h2", the client speaks HTTP/1.
                             let http1 = stream.get_ref().1.alpn_protocol() != Some(b"h2");
-                            protocols.serve(TokioIo::new(stream), http1, service, watcher).await
+                            protocols.serve(TokioIo::new(stream), http1, service, watcher, stopping).await
                         });
                     }
                 }
@@ -217,18 +219,22 @@ impl Protocols {
         }
     }
 
-    /// Serves one connection until it ends or `watcher`'s shutdown has
-    /// drained it. hyper's HTTP/1 server times the first head itself (so,
-    /// after the wait for the first bytes, a head may take up to twice
-    /// `server.read_timeout`); neither `auto`'s detection nor its HTTP/2
-    /// server times anything, so a connection served by `auto` that has
-    /// not sent a request within `first_request` is let go.
+    /// Serves one connection until it ends or the shutdown has drained it.
+    /// hyper's HTTP/1 server times each head itself, the wait for the next
+    /// one on a kept-alive connection included (so, after the wait for the
+    /// first bytes, a first head may take up to twice `server.read_timeout`).
+    /// Neither `auto`'s detection nor its HTTP/2 server times anything: a
+    /// connection served by `auto` that has not sent a request within
+    /// `first_request` is let go, and one that then sends no new request for
+    /// as long is closed (`idle`), or a client could hold its connection
+    /// slot until shutdown with one request and silence.
     async fn serve<I, S>(
         &self,
         io: I,
         http1: bool,
         service: S,
         watcher: Watcher,
+        stopping: watch::Receiver<bool>,
     ) -> Result<(), BoxError>
     where
         I: Read + Write + Unpin + Send + 'static,
@@ -247,22 +253,58 @@ impl Protocols {
                 inner: service,
                 seen: Arc::clone(&seen),
             };
-            let conn = self.auto.serve_connection(io, service).into_owned();
             // Boxed: its state would otherwise size every connection's task.
-            let mut conn = Box::pin(watcher.watch(conn));
+            let mut conn = Box::pin(self.auto.serve_connection(io, service).into_owned());
+            let mut stopping = stopping;
             tokio::select! {
-                ended = &mut conn => return ended,
+                ended = conn.as_mut() => return ended,
                 () = seen.notified() => {}
                 () = tokio::time::sleep(self.first_request) => {
                     return Err("no request within the read timeout".into());
                 }
+                _ = stopping.wait_for(|stop| *stop) => return Ok(()),
             }
-            conn.await
+            Ok(idle(conn, &seen, self.first_request, watcher, stopping).await?)
         }
     }
 }
 
-/// A service that says on `seen` when its first request came.
+/// Drives an HTTP/2 connection (`auto`'s) until it ends. Each request seen
+/// on `seen` restarts the `limit`. A connection that reaches it, or the
+/// shutdown, is shut down gracefully (a GOAWAY: streams in flight finish,
+/// no new one starts); an idle one that then takes another `limit` to
+/// finish is dropped, closing its socket, while at shutdown the gate's
+/// grace bounds the wait. `watcher` is held until the end, so that the
+/// shutdown's drain waits for this connection as for the others.
+async fn idle<C, E>(
+    mut conn: Pin<Box<C>>,
+    seen: &Notify,
+    limit: Duration,
+    watcher: Watcher,
+    mut stopping: watch::Receiver<bool>,
+) -> Result<(), E>
+where
+    C: hyper_util::server::graceful::GracefulConnection<Error = E>,
+{
+    let shutting_down = loop {
+        tokio::select! {
+            ended = conn.as_mut() => return ended,
+            () = seen.notified() => {}
+            () = tokio::time::sleep(limit) => break false,
+            _ = stopping.wait_for(|stop| *stop) => break true,
+        }
+    };
+    conn.as_mut().graceful_shutdown();
+    let ended = if shutting_down {
+        conn.await
+    } else {
+        tokio::time::timeout(limit, conn).await.unwrap_or(Ok(()))
+    };
+    drop(watcher);
+    ended
+}
+
+/// A service that says on `seen` each time a request comes.
 struct Noting<S> {
     inner: S,
     seen: Arc<Notify>,

@@ -250,6 +250,44 @@ async fn http2_deliveries_are_served_and_forwarded_over_http1() {
     gate.shutdown().await;
 }
 
+/// hyper's HTTP/2 server times nothing: a client that sent one request and
+/// then stays silent must not hold its connection slot until shutdown. It
+/// is shut down (GOAWAY) once it has sent nothing for `server.read_timeout`.
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_after_the_read_timeout() {
+    let gate = GateFixture::stripe()
+        .server_extra("read_timeout = \"1s\"")
+        .start()
+        .await;
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let opened = std::time::Instant::now();
+    let conn = tokio::spawn(conn);
+    let body = stripe_event("evt_h2_idle");
+    let response = send
+        .send_request(signed_request(&gate, &body))
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["hookgate-result"], "forwarded");
+    let _ = response.into_body().collect().await.unwrap();
+
+    // Silent from here on: the gate ends the connection, the client's side
+    // of it then completes.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), conn).await;
+    assert!(ended.is_ok(), "the idle connection was kept open");
+    let kept = opened.elapsed();
+    assert!(
+        kept >= std::time::Duration::from_millis(800),
+        "closed after {kept:?}, before the read timeout"
+    );
+    gate.shutdown().await;
+}
+
 #[tokio::test]
 async fn upstream_max_connections_caps_the_calls_the_app_sees_at_once() {
     let gate = GateFixture::stripe()
