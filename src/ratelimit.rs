@@ -37,7 +37,7 @@ impl ProviderLimit {
     }
 }
 
-/// One bucket per source address.
+/// One bucket per source: an IPv4 address, or an IPv6 /64.
 pub struct SourceLimit(DefaultKeyedRateLimiter<IpAddr>);
 
 impl SourceLimit {
@@ -47,7 +47,7 @@ impl SourceLimit {
 
     pub fn check(&self, source: IpAddr) -> Result<(), Duration> {
         self.0
-            .check_key(&source)
+            .check_key(&bucket(source))
             .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
     }
 
@@ -56,6 +56,20 @@ impl SourceLimit {
     pub fn prune(&self) {
         self.0.retain_recent();
         self.0.shrink_to_fit();
+    }
+}
+
+/// The bucket an address draws from. An IPv6 host is given a whole /64
+/// (RFC 6177's smallest end-site assignment) and picks addresses within it
+/// at will, so the /64 is the source; an IPv4 address written as IPv6
+/// (`::ffff:a.b.c.d`) is that IPv4 address.
+fn bucket(source: IpAddr) -> IpAddr {
+    match source {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+        v4 => v4,
     }
 }
 
@@ -117,6 +131,23 @@ mod tests {
             "203.0.113.7".parse::<IpAddr>().unwrap()
         );
         assert_eq!(source_ip(peer, &h, None), peer);
+    }
+
+    #[test]
+    fn an_ipv6_source_is_its_slash_64() {
+        let limit = SourceLimit::new(rate(1, 1));
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        assert!(limit.check(ip("2001:db8:1:2::1")).is_ok());
+        assert!(
+            limit.check(ip("2001:db8:1:2:ffff:1:2:3")).is_err(),
+            "the same /64"
+        );
+        assert!(limit.check(ip("2001:db8:1:3::1")).is_ok(), "another /64");
+        assert!(limit.check(ip("192.0.2.1")).is_ok());
+        assert!(
+            limit.check(ip("::ffff:192.0.2.1")).is_err(),
+            "the same IPv4 host"
+        );
     }
 
     /// What the client wrote never names the source: not a first line
