@@ -195,6 +195,12 @@ pub async fn serve<F, Fut>(
     }
 }
 
+/// Requests one HTTP/2 connection may have open at once (hyper's default
+/// is 200). Each holds up to `server.max_body_bytes` while its body is read
+/// and verified, so this is the multiple of that an HTTP/2 client can make
+/// the gate hold on one connection slot, where an HTTP/1 client holds one.
+const MAX_STREAMS: u32 = 32;
+
 impl Protocols {
     fn new(limits: ConnLimits) -> Self {
         let mut http1 = http1::Builder::new();
@@ -211,7 +217,8 @@ impl Protocols {
             .half_close(true);
         auto.http2()
             .timer(TokioTimer::new())
-            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+            .max_concurrent_streams(MAX_STREAMS);
         Self {
             http1,
             auto,

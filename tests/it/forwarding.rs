@@ -288,6 +288,46 @@ async fn an_idle_http2_connection_is_closed_after_the_read_timeout() {
     gate.shutdown().await;
 }
 
+/// Each open HTTP/2 stream may hold a body up to `max_body_bytes`: one
+/// connection carries at most 32 at once (README, `server.max_connections`).
+#[tokio::test]
+async fn an_http2_connection_carries_at_most_32_requests_at_once() {
+    let gate = GateFixture::stripe()
+        .upstream_extra("max_connections = 400")
+        .upstream_timeout("4s")
+        .start()
+        .await;
+    let up = gate.upstream();
+    let client = http2_client();
+    // The connection and its settings first: a client that opens streams
+    // before it has the gate's limit gets the ones over it refused
+    // (REFUSED_STREAM, which RFC 9113 lets it retry).
+    let first = client
+        .request(signed_request(&gate, &stripe_event("evt_streams_first")))
+        .await
+        .unwrap();
+    let _ = first.into_body().collect().await.unwrap();
+    up.set(Behavior::Stall(std::time::Duration::from_millis(300)));
+    let sends = (0..40).map(|i| {
+        client.request(signed_request(
+            &gate,
+            &stripe_event(&format!("evt_streams{i}")),
+        ))
+    });
+    for response in futures_util::future::join_all(sends).await {
+        let response = response.expect("an answer over HTTP/2");
+        assert_eq!(response.headers()["hookgate-result"], "forwarded");
+        let _ = response.into_body().collect().await.unwrap();
+    }
+    assert_eq!(up.count(), 41);
+    let peak = up.peak_in_flight();
+    assert!(
+        (2..=32).contains(&peak),
+        "the app saw {peak} calls at once from one connection"
+    );
+    gate.shutdown().await;
+}
+
 #[tokio::test]
 async fn upstream_max_connections_caps_the_calls_the_app_sees_at_once() {
     let gate = GateFixture::stripe()
