@@ -493,7 +493,7 @@ mod tests {
 
     #[tokio::test]
     async fn http1_and_h2c_requests_are_answered() {
-        let (addr, _stop, _served) = server(Duration::from_millis(200)).await;
+        let (addr, _stop, _served) = server(Duration::from_millis(400)).await;
         let mut client = TcpStream::connect(addr).await.unwrap();
         client
             .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -509,15 +509,17 @@ mod tests {
                 .await
                 .unwrap();
         tokio::spawn(conn);
-        // Past the read timeout: a connection that has asked stays open.
-        for _ in 0..2 {
+        // Past the read timeout in all, each request within it of the last:
+        // a connection that keeps asking stays open (an idle one is closed:
+        // tests/it/forwarding.rs).
+        for _ in 0..4 {
             let request = Request::get("http://x/")
                 .body(crate::body::empty())
                 .unwrap();
             let answer = sender.send_request(request).await.unwrap();
             assert_eq!(answer.status(), 200);
             assert_eq!(answer.version(), http::Version::HTTP_2);
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(Duration::from_millis(150)).await;
         }
     }
 
