@@ -288,12 +288,43 @@ async fn an_idle_http2_connection_is_closed_after_the_read_timeout() {
     gate.shutdown().await;
 }
 
+/// An HTTP/2 connection is idle only with no stream open: a request the
+/// app takes longer than twice `read_timeout` to answer still gets its
+/// answer.
+#[tokio::test]
+async fn an_http2_request_in_flight_outlasts_the_idle_timeout() {
+    let gate = GateFixture::stripe()
+        .server_extra("read_timeout = \"1s\"")
+        .upstream_timeout("4s")
+        .start()
+        .await;
+    gate.upstream()
+        .set(Behavior::Stall(std::time::Duration::from_millis(2500)));
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let body = stripe_event("evt_h2_slow");
+    let response = send.send_request(signed_request(&gate, &body)).await;
+    let response = response.expect("the answer, after 2.5 s with nothing else asked");
+    assert_eq!(response.headers()["hookgate-result"], "forwarded");
+    let _ = response.into_body().collect().await.unwrap();
+    gate.shutdown().await;
+}
+
 /// Each open HTTP/2 stream may hold a body up to `max_body_bytes`: one
 /// connection carries at most 32 at once (README, `server.max_connections`).
 #[tokio::test]
 async fn an_http2_connection_carries_at_most_32_requests_at_once() {
+    // Each core's share of the app's slots above 40, so that only the
+    // stream limit can hold the calls below 40.
+    let cores = hookgate::cores::available();
     let gate = GateFixture::stripe()
-        .upstream_extra("max_connections = 400")
+        .upstream_extra(&format!("max_connections = {}", 40 * cores))
         .upstream_timeout("4s")
         .start()
         .await;

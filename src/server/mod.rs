@@ -1,6 +1,8 @@
 //! Listeners: the accept loop, HTTP/1.1 and HTTP/2 on one port, and
 //! graceful shutdown.
 
+mod idle;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,9 +19,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
+use self::idle::{Counting, Streams};
 use crate::body::{BoxError, ProxyBody};
 
 /// Limits applied to every connection.
@@ -231,10 +234,9 @@ impl Protocols {
     /// one on a kept-alive connection included (so, after the wait for the
     /// first bytes, a first head may take up to twice `server.read_timeout`).
     /// Neither `auto`'s detection nor its HTTP/2 server times anything: a
-    /// connection served by `auto` that has not sent a request within
-    /// `first_request` is let go, and one that then sends no new request for
-    /// as long is closed (`idle`), or a client could hold its connection
-    /// slot until shutdown with one request and silence.
+    /// connection served by `auto` with no request open for `first_request`
+    /// is closed (`idle`), or a client could hold its connection slot until
+    /// shutdown with one request and silence.
     async fn serve<I, S>(
         &self,
         io: I,
@@ -255,76 +257,19 @@ impl Protocols {
                 .watch(self.http1.serve_connection(io, service))
                 .await?)
         } else {
-            let seen = Arc::new(Notify::new());
-            let service = Noting {
-                inner: service,
-                seen: Arc::clone(&seen),
-            };
+            let streams = Arc::new(Streams::default());
+            let service = Counting::new(service, Arc::clone(&streams));
             // Boxed: its state would otherwise size every connection's task.
-            let mut conn = Box::pin(self.auto.serve_connection(io, service).into_owned());
-            let mut stopping = stopping;
-            tokio::select! {
-                ended = conn.as_mut() => return ended,
-                () = seen.notified() => {}
-                () = tokio::time::sleep(self.first_request) => {
-                    return Err("no request within the read timeout".into());
-                }
-                _ = stopping.wait_for(|stop| *stop) => return Ok(()),
-            }
-            Ok(idle(conn, &seen, self.first_request, watcher, stopping).await?)
+            let conn = Box::pin(self.auto.serve_connection(io, service).into_owned());
+            // Boxed as a `Send` trait object here, where it is built: left
+            // generic, proving it `Send` at the spawn trips rustc's
+            // inference of higher-ranked lifetimes in async blocks ("one
+            // type is more general than the other").
+            let served: Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send + '_>> = Box::pin(
+                idle::serve(conn, &streams, self.first_request, watcher, stopping),
+            );
+            served.await
         }
-    }
-}
-
-/// Drives an HTTP/2 connection (`auto`'s) until it ends. Each request seen
-/// on `seen` restarts the `limit`. A connection that reaches it, or the
-/// shutdown, is shut down gracefully (a GOAWAY: streams in flight finish,
-/// no new one starts); an idle one that then takes another `limit` to
-/// finish is dropped, closing its socket, while at shutdown the gate's
-/// grace bounds the wait. `watcher` is held until the end, so that the
-/// shutdown's drain waits for this connection as for the others.
-async fn idle<C, E>(
-    mut conn: Pin<Box<C>>,
-    seen: &Notify,
-    limit: Duration,
-    watcher: Watcher,
-    mut stopping: watch::Receiver<bool>,
-) -> Result<(), E>
-where
-    C: hyper_util::server::graceful::GracefulConnection<Error = E>,
-{
-    let shutting_down = loop {
-        tokio::select! {
-            ended = conn.as_mut() => return ended,
-            () = seen.notified() => {}
-            () = tokio::time::sleep(limit) => break false,
-            _ = stopping.wait_for(|stop| *stop) => break true,
-        }
-    };
-    conn.as_mut().graceful_shutdown();
-    let ended = if shutting_down {
-        conn.await
-    } else {
-        tokio::time::timeout(limit, conn).await.unwrap_or(Ok(()))
-    };
-    drop(watcher);
-    ended
-}
-
-/// A service that says on `seen` each time a request comes.
-struct Noting<S> {
-    inner: S,
-    seen: Arc<Notify>,
-}
-
-impl<S: Service<Request<Incoming>>> Service<Request<Incoming>> for Noting<S> {
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
-        self.seen.notify_one();
-        self.inner.call(req)
     }
 }
 
