@@ -1,6 +1,6 @@
 //! Token buckets (governor's GCRA) per provider and per source address.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -77,14 +77,20 @@ fn bucket(source: IpAddr) -> IpAddr {
 /// last address in `client_ip_header` (the one the ingress itself saw; the
 /// earlier entries are whatever the client claimed). The last entry of the
 /// header's last line, as an ingress that adds a line of its own rather
-/// than appending puts it there; an entry that is not an address (`unknown`,
-/// `ip:port`) means the peer, never an earlier entry the client wrote.
+/// than appending puts it there, with its port if it has one (Azure's
+/// Application Gateway writes `ip:port`); an entry that is no address
+/// (`unknown`) means the peer, never an earlier entry the client wrote.
 pub fn source_ip(peer: IpAddr, headers: &HeaderMap, header: Option<&HeaderName>) -> IpAddr {
     header
         .and_then(|h| headers.get_all(h).iter().next_back())
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.rsplit(',').next())
-        .and_then(|last| last.trim().parse().ok())
+        .map(str::trim)
+        .and_then(|last| {
+            last.parse()
+                .ok()
+                .or_else(|| last.parse::<SocketAddr>().ok().map(|a| a.ip()))
+        })
         .unwrap_or(peer)
 }
 
@@ -162,11 +168,19 @@ mod tests {
         h.append(&name, "198.51.100.23".parse().unwrap());
         h.append(&name, "203.0.113.7".parse().unwrap());
         assert_eq!(source_ip(peer, &h, Some(&name)), ingress, "the last line");
-        for unparsed in [
-            "198.51.100.23, unknown",
+        for with_port in [
             "198.51.100.23, 203.0.113.7:443",
-            "198.51.100.23,",
+            "[2001:db8::1]:80, 203.0.113.7:8443",
         ] {
+            h.insert(&name, with_port.parse().unwrap());
+            assert_eq!(source_ip(peer, &h, Some(&name)), ingress, "{with_port}");
+        }
+        h.insert(&name, "198.51.100.23, [2001:db8::7]:443".parse().unwrap());
+        assert_eq!(
+            source_ip(peer, &h, Some(&name)),
+            "2001:db8::7".parse::<IpAddr>().unwrap()
+        );
+        for unparsed in ["198.51.100.23, unknown", "198.51.100.23,"] {
             h.insert(&name, unparsed.parse().unwrap());
             assert_eq!(source_ip(peer, &h, Some(&name)), peer, "{unparsed}");
         }
