@@ -184,9 +184,10 @@ fn spawn_housekeeping(weak: Weak<Gate>) {
                         tracing::info!(provider = %p.settings.name, "secret files changed; reloaded");
                     }
                 }
-                // A rotated admin token revokes the old one without a restart.
+                // A rotated admin token revokes the old one without a
+                // restart; a removed one revokes it too.
                 if let Some(token) = &gate.admin_token
-                    && token.reload_files() > 0
+                    && token.reload_files_failing_closed() > 0
                 {
                     tracing::info!("server.admin_token file changed; reloaded");
                 }

@@ -196,8 +196,20 @@ impl SecretSet {
             .collect()
     }
 
-    /// Re-reads the file sources; returns how many changed.
+    /// Re-reads the file sources; returns how many changed. A file that
+    /// disappears keeps its last value: a Kubernetes Secret update swaps a
+    /// symlink, and the gap must not refuse deliveries.
     pub fn reload_files(&self) -> usize {
+        self.reload(Missing::Keep)
+    }
+
+    /// `reload_files` for a credential that grants access (the admin
+    /// token): a file that disappears or cannot be read revokes it.
+    pub fn reload_files_failing_closed(&self) -> usize {
+        self.reload(Missing::Forget)
+    }
+
+    fn reload(&self, missing: Missing) -> usize {
         let mut changed = 0;
         for slot in &self.slots {
             if !matches!(slot.spec.source, SecretSource::File(_)) {
@@ -205,18 +217,20 @@ impl SecretSet {
             }
             let fresh = slot.spec.source.read().ok().map(Arc::new);
             let mut current = slot.value.write().unwrap_or_else(|p| p.into_inner());
-            if *current != fresh {
-                // A file that disappears keeps its last value: a Kubernetes
-                // Secret update swaps a symlink, and the gap must not refuse
-                // deliveries.
-                if fresh.is_some() {
-                    *current = fresh;
-                    changed += 1;
-                }
+            if *current != fresh && (fresh.is_some() || missing == Missing::Forget) {
+                *current = fresh;
+                changed += 1;
             }
         }
         changed
     }
+}
+
+/// What a reload does with a file that cannot be read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Missing {
+    Keep,
+    Forget,
 }
 
 /// How often file secrets are re-read.

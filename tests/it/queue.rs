@@ -355,6 +355,14 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
         replay(Some("Bearer r0tated-t0ken-do-not-log")).await.status,
         200
     );
+    // Removed, it grants nothing: an admin credential fails closed.
+    std::fs::remove_file(&token_file).unwrap();
+    let removed = poll(
+        || replay(Some("Bearer r0tated-t0ken-do-not-log")),
+        |a| a.status == 401,
+    )
+    .await;
+    assert_eq!(removed.status, 401, "a removed token is revoked");
     gate.shutdown().await;
 }
 
