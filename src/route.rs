@@ -155,16 +155,24 @@ impl Routes {
                 return Route::Provider(i);
             }
         }
-        let forwarded = || [self.base.as_str(), path].concat();
         let ambiguous = reaches(&self.lenient_folded, path, true)
             || reaches(&self.lenient_exact, path, false)
-            || reaches(&self.app_folded, &forwarded(), true)
-            || reaches(&self.app_exact, &forwarded(), false);
+            || self.reaches_app(path);
         if ambiguous {
             Route::Refused
         } else {
             Route::Other
         }
+    }
+
+    /// Whether `path`, forwarded after the base path as passthrough sends
+    /// it, reads leniently as a path the app is sent deliveries on.
+    fn reaches_app(&self, path: &str) -> bool {
+        if self.app_folded.is_empty() && self.app_exact.is_empty() {
+            return false;
+        }
+        let forwarded = [self.base.as_str(), path].concat();
+        reaches(&self.app_folded, &forwarded, true) || reaches(&self.app_exact, &forwarded, false)
     }
 }
 
@@ -255,6 +263,9 @@ fn lenient_as(path: &str, fold_case: bool, dots: Dots) -> String {
         && !stem.is_empty()
     {
         *last = stem.trim_end_matches(trim);
+        if last.is_empty() {
+            segments.pop();
+        }
     }
     join(&segments)
 }
@@ -436,6 +447,8 @@ mod tests {
                 // IIS's `%u` escapes.
                 "/webhooks/%u0073tripe",
                 "/webhooks/%U0053TRIPE",
+                // An extension stripped down to nothing.
+                "/webhooks/stripe/..json",
             ],
         );
     }
