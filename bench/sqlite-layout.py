@@ -48,7 +48,7 @@ MARK = """UPDATE processed_events
         expires_at = ?, response_truncated = 0
     WHERE provider = 'stripe' AND provider_event_id = ? AND lease_token = ?
       AND state = 'in_flight' AND expires_at > ?"""
-FRAME = 4096 + 24  # a page and its frame header
+FRAME_HEADER = 24  # before each page a WAL frame holds
 NOW = 1_780_000_000_000
 
 
@@ -71,14 +71,15 @@ def mark(db, key, token):
     assert changed == 1
 
 
-def probe(name, schema, warm, batch, batches, directory):
-    path = os.path.join(directory, f"{len(name)}.sqlite")
+def probe(n, name, schema, warm, batch, batches, directory):
+    path = os.path.join(directory, f"layout{n}.sqlite")
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")
     db.execute("PRAGMA wal_autocheckpoint = 0")
     db.execute("PRAGMA cache_size = -512")
     db.execute(schema)
+    frame = db.execute("PRAGMA page_size").fetchone()[0] + FRAME_HEADER
     rng = random.Random(7)
     db.execute("BEGIN")
     for _ in range(warm):
@@ -99,7 +100,7 @@ def probe(name, schema, warm, batch, batches, directory):
             mark(db, key, token)
         db.execute("COMMIT")
         spent += time.perf_counter() - started
-        frames += (os.path.getsize(path + "-wal") - max(before, 32)) // FRAME
+        frames += (os.path.getsize(path + "-wal") - max(before, 32)) // frame
         previous = [(key, token) for key, _, token in current]
         if n % 500 == 499:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -113,8 +114,8 @@ def main():
     warm, batch, batches = given + [200000, 8, 4000][len(given):]
     print(f"{warm} rows, {batch} claims and {batch} marks a transaction, {batches} transactions")
     with tempfile.TemporaryDirectory() as directory:
-        for name, schema in LAYOUTS.items():
-            probe(name, schema, warm, batch, batches, directory)
+        for n, (name, schema) in enumerate(LAYOUTS.items()):
+            probe(n, name, schema, warm, batch, batches, directory)
 
 
 if __name__ == "__main__":
