@@ -250,6 +250,24 @@ async fn http2_deliveries_are_served_and_forwarded_over_http1() {
     gate.shutdown().await;
 }
 
+/// One HTTP/2 connection (prior knowledge) to the gate, driven by a task of
+/// its own, which ends when the connection does.
+async fn http2_connection(
+    gate: &Gate,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    (send, tokio::spawn(conn))
+}
+
 /// hyper's HTTP/2 server times nothing: a client that sent one request and
 /// then stays silent must not hold its connection slot until shutdown. It
 /// is shut down (GOAWAY) once it has sent nothing for `server.read_timeout`.
@@ -259,15 +277,8 @@ async fn an_idle_http2_connection_is_closed_after_the_read_timeout() {
         .server_extra("read_timeout = \"1s\"")
         .start()
         .await;
-    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
+    let (mut send, conn) = http2_connection(&gate).await;
     let opened = std::time::Instant::now();
-    let conn = tokio::spawn(conn);
     let body = stripe_event("evt_h2_idle");
     let response = send
         .send_request(signed_request(&gate, &body))
@@ -300,14 +311,7 @@ async fn an_http2_request_in_flight_outlasts_the_idle_timeout() {
         .await;
     gate.upstream()
         .set(Behavior::Stall(std::time::Duration::from_millis(2500)));
-    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::handshake(
-        TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
+    let (mut send, _conn) = http2_connection(&gate).await;
     let body = stripe_event("evt_h2_slow");
     let response = send.send_request(signed_request(&gate, &body)).await;
     let response = response.expect("the answer, after 2.5 s with nothing else asked");
