@@ -189,7 +189,13 @@ fn spawn_housekeeping(weak: Weak<Gate>) {
                 if let Some(token) = &gate.admin_token
                     && token.reload_files_failing_closed() > 0
                 {
-                    tracing::info!("server.admin_token file changed; reloaded");
+                    if token.active(std::time::SystemTime::now()).is_empty() {
+                        tracing::warn!(
+                            "server.admin_token file cannot be read; admin changes are refused until it can"
+                        );
+                    } else {
+                        tracing::info!("server.admin_token file changed; reloaded");
+                    }
                 }
             });
             if let Err(e) = reload.await

@@ -472,6 +472,12 @@ mod tests {
     async fn a_silent_connection_does_not_hold_up_shutdown() {
         let (addr, stop, served) = server(Duration::from_secs(30)).await;
         let _silent = TcpStream::connect(addr).await.unwrap();
+        // HTTP/2's preface and nothing more: served by `auto`, never asked.
+        let mut preface_only = TcpStream::connect(addr).await.unwrap();
+        preface_only
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         stop.send(true).unwrap();
         tokio::time::timeout(Duration::from_secs(5), served)

@@ -320,6 +320,39 @@ async fn an_http2_request_in_flight_outlasts_the_idle_timeout() {
     gate.shutdown().await;
 }
 
+/// A client that reads none of its answers (here: a window of zero, never
+/// opened) holds its streams open; it is dropped once they have waited on
+/// it, asking for nothing, for two read timeouts.
+#[tokio::test]
+async fn an_http2_client_that_reads_nothing_is_dropped() {
+    let gate = GateFixture::stripe()
+        .server_extra("read_timeout = \"1s\"")
+        .start()
+        .await;
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let body = stripe_event("evt_h2_unread");
+    let response = send
+        .send_request(signed_request(&gate, &body))
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["hookgate-result"], "forwarded");
+    // The head came (not flow-controlled); the body is never read.
+    let held = response;
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(15), conn).await;
+    assert!(
+        ended.is_ok(),
+        "a client that reads nothing kept its connection"
+    );
+    drop(held);
+    gate.shutdown().await;
+}
+
 /// Each open HTTP/2 stream may hold a body up to `max_body_bytes`: one
 /// connection carries at most 32 at once (README, `server.max_connections`).
 #[tokio::test]
