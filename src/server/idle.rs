@@ -1,25 +1,34 @@
 //! HTTP/2 connections that stop asking, or stop reading. hyper's HTTP/2
-//! server times nothing, so the gate watches each connection itself:
+//! server times nothing, so the gate watches each connection itself, once
+//! every `server.read_timeout` (a period):
 //!
-//! - it counts the open streams, from the request until its answer's body
-//!   is done or dropped, and closes a connection that has had none open
-//!   for as long as a request head may take (`server.read_timeout`);
-//! - it notes each time hyper asks an answer's body for more, and drops a
-//!   connection whose answers wait on the client (their data handed over,
-//!   not asked for again: a client that reads nothing, or set its window
-//!   to zero) with nothing asked for over `STALLED` of those periods.
+//! - A connection with no stream open and nothing written for a whole
+//!   period gets a GOAWAY (streams in flight finish, no new one starts);
+//!   after another such period it is dropped, closing its socket. A stream
+//!   is open from its request until its answer's body is handed to h2 in
+//!   full or dropped; what h2 still has to send counts as written when it
+//!   reaches the socket. A connection that asked nothing within its first
+//!   period is cut off then.
+//! - A connection whose answers wait on the client (their data handed
+//!   over, the next part not asked for) and that writes nothing for
+//!   `STALLED` periods is dropped: a client that reads nothing, or keeps
+//!   its window at zero. An answer that waits on the app (a slow forward, a
+//!   passthrough stream between events) does not count; a slow reader
+//!   writes, so it does not either.
 //!
 //! Otherwise a client could hold its connection slot until shutdown with
-//! one request, or none, and silence. An answer that waits on the app (a
-//! slow forward, a passthrough stream between events) is not stalled.
-//! HTTP/1 needs none of this: hyper times the wait for each next head, and
-//! a connection carries one request at a time.
+//! one request, or none, and silence. What this does not bound: a client
+//! that reads one answer keeps the others on its connection (32 streams at
+//! most) open as long as it reads. HTTP/1 carries one request at a time,
+//! and hyper times the wait for each next head; a client that stops
+//! reading an HTTP/1 answer is bounded by TCP alone.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -27,26 +36,27 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper::service::Service;
 use hyper_util::server::graceful::{GracefulConnection, Watcher};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
+use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::body::{BoxError, ProxyBody};
 
-/// Periods of `server.read_timeout` that answers may wait on a client that
-/// asks for nothing before its connection is dropped.
+/// Periods in which answers may wait on a client that takes nothing before
+/// its connection is dropped.
 const STALLED: u32 = 2;
 
-/// One connection's streams: how many are open, whether any ever was, how
-/// many answers have handed data over and wait to be asked again, how often
-/// any was asked, and a wake-up for each opened or closed stream.
+/// One connection's counts: streams open, whether one was open in this
+/// period or ever, answers that wait on the client, bytes written.
 #[derive(Default)]
 pub(super) struct Streams {
     open: AtomicUsize,
+    active: AtomicBool,
     asked: AtomicBool,
     handed: AtomicUsize,
-    polls: AtomicUsize,
-    changed: Notify,
+    written: AtomicU64,
 }
 
 /// A stream counted open until dropped.
@@ -55,8 +65,8 @@ struct Open(Arc<Streams>);
 impl Open {
     fn new(streams: Arc<Streams>) -> Self {
         streams.open.fetch_add(1, Ordering::SeqCst);
+        streams.active.store(true, Ordering::SeqCst);
         streams.asked.store(true, Ordering::SeqCst);
-        streams.changed.notify_one();
         Self(streams)
     }
 }
@@ -64,16 +74,12 @@ impl Open {
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::SeqCst);
-        self.0.changed.notify_one();
     }
 }
 
-/// Drives `conn` until it ends. Once no stream has been open for `limit`,
-/// it is shut down gracefully (a GOAWAY: streams in flight finish, no new
-/// one starts), and dropped, closing its socket, if it then has none open
-/// for another `limit`. A connection that never asked anything is cut off
-/// at `limit`, one whose answers wait on it (`STALLED`) at once; at the
-/// shutdown it gets a GOAWAY and the gate's grace bounds the wait.
+/// Drives `conn` until it ends, looking at it once every `limit` (see the
+/// module doc). At the shutdown a connection that never asked is let go at
+/// once, any other gets a GOAWAY and the gate's grace bounds the wait.
 /// `watcher` is held until the end, so that the shutdown's drain waits for
 /// this connection too.
 pub(super) async fn serve<C>(
@@ -86,13 +92,12 @@ pub(super) async fn serve<C>(
 where
     C: GracefulConnection<Error = BoxError>,
 {
+    let mut tick = tokio::time::interval_at(Instant::now() + limit, limit);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut written = streams.written.load(Ordering::SeqCst);
     let mut going_away = false;
-    let mut polls = streams.polls.load(Ordering::SeqCst);
     let mut still = 0;
     loop {
-        let quiet = streams.open.load(Ordering::SeqCst) == 0;
-        // Biased: a stream the connection opens in this poll wakes
-        // `changed` before the timer is looked at.
         tokio::select! {
             biased;
             ended = conn.as_mut() => return ended,
@@ -103,30 +108,32 @@ where
                 conn.as_mut().graceful_shutdown();
                 return conn.await;
             }
-            () = streams.changed.notified() => still = 0,
-            () = tokio::time::sleep(limit) => {
-                if quiet {
-                    if !streams.asked.load(Ordering::SeqCst) {
-                        return Err("no request within the read timeout".into());
-                    }
-                    if going_away {
-                        return Err("no stream open since the GOAWAY, and still not closed".into());
-                    }
-                    conn.as_mut().graceful_shutdown();
-                    going_away = true;
-                    continue;
-                }
-                let now = streams.polls.load(Ordering::SeqCst);
-                if now != polls || streams.handed.load(Ordering::SeqCst) == 0 {
-                    (polls, still) = (now, 0);
-                } else {
-                    still += 1;
-                    if still >= STALLED {
-                        return Err("its answers wait on a client that reads nothing".into());
-                    }
-                }
-            }
+            _ = tick.tick() => {}
         }
+        if !streams.asked.load(Ordering::SeqCst) {
+            return Err("no request within the read timeout".into());
+        }
+        let now = streams.written.load(Ordering::SeqCst);
+        let wrote = now != written;
+        written = now;
+        if streams.handed.load(Ordering::SeqCst) > 0 && !wrote {
+            still += 1;
+            if still >= STALLED {
+                return Err("its answers wait on a client that takes nothing".into());
+            }
+        } else {
+            still = 0;
+        }
+        let active =
+            streams.active.swap(false, Ordering::SeqCst) || streams.open.load(Ordering::SeqCst) > 0;
+        if active || wrote {
+            continue;
+        }
+        if going_away {
+            return Err("nothing open or written since its GOAWAY, and still not closed".into());
+        }
+        conn.as_mut().graceful_shutdown();
+        going_away = true;
     }
 }
 
@@ -175,7 +182,7 @@ where
 }
 
 /// An answer's body that keeps its stream counted open while it lasts, and
-/// says when it has handed data over and waits to be asked again.
+/// says when it has handed data over and waits to be asked for more.
 struct Counted {
     body: ProxyBody,
     open: Open,
@@ -210,7 +217,6 @@ impl Body for Counted {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.open.0.polls.fetch_add(1, Ordering::Relaxed);
         let frame = Pin::new(&mut self.body).poll_frame(cx);
         // Data handed over waits on the client; a pending body waits on
         // the app, an ended one on nothing.
@@ -224,5 +230,67 @@ impl Body for Counted {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// A connection's socket, counting the bytes written to it (`Streams`).
+pub(super) struct Written<I> {
+    io: I,
+    streams: Arc<Streams>,
+}
+
+impl<I> Written<I> {
+    pub(super) fn new(io: I, streams: Arc<Streams>) -> Self {
+        Self { io, streams }
+    }
+
+    fn count(&self, written: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = written {
+            self.streams.written.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<I: Read + Unpin> Read for Written<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: Write + Unpin> Write for Written<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.count(&written);
+        written
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.count(&written);
+        written
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

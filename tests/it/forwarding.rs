@@ -353,6 +353,51 @@ async fn an_http2_client_that_reads_nothing_is_dropped() {
     gate.shutdown().await;
 }
 
+/// A client that reads slowly is not one that reads nothing: a 1 MB
+/// passthrough answer read 64 KiB at a time over several read timeouts
+/// arrives whole.
+#[tokio::test]
+async fn an_http2_client_that_reads_slowly_gets_its_whole_answer() {
+    let gate = GateFixture::stripe()
+        .server_extra("read_timeout = \"1s\"")
+        .start()
+        .await;
+    gate.upstream().set(Behavior::Large {
+        status: 200,
+        bytes: 1 << 20,
+    });
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::get(format!("http://{}/download", gate.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let mut body = send.send_request(request).await.unwrap().into_body();
+    let started = std::time::Instant::now();
+    let (mut got, mut since_pause) = (0, 0);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("the answer arrives whole, not cut off");
+        let n = frame.data_ref().map_or(0, Bytes::len);
+        got += n;
+        since_pause += n;
+        if since_pause >= 65_535 {
+            since_pause = 0;
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+    }
+    assert_eq!(got, 1 << 20);
+    assert!(
+        started.elapsed() > std::time::Duration::from_secs(3),
+        "read over more than two read timeouts"
+    );
+    gate.shutdown().await;
+}
+
 /// Each open HTTP/2 stream may hold a body up to `max_body_bytes`: one
 /// connection carries at most 32 at once (README, `server.max_connections`).
 #[tokio::test]
