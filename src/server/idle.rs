@@ -2,33 +2,30 @@
 //! server times nothing, so the gate watches each connection itself, once
 //! every `server.read_timeout` (a period):
 //!
-//! - A connection with no stream open and nothing written for a whole
-//!   period gets a GOAWAY (streams in flight finish, no new one starts);
-//!   after another such period it is dropped, closing its socket. A stream
-//!   is open from its request until its answer's body is handed to h2 in
-//!   full or dropped; what h2 still has to send counts as written when it
-//!   reaches the socket. A connection that asked nothing within its first
-//!   period is cut off then.
-//! - A connection whose answers wait on the client (their data handed
-//!   over, the next part not asked for) and that writes nothing for
-//!   `STALLED` periods is dropped: a client that reads nothing, or keeps
-//!   its window at zero. An answer that waits on the app (a slow forward, a
-//!   passthrough stream between events) does not count; a slow reader
-//!   writes, so it does not either.
+//! - A connection with no stream open for a whole period gets a GOAWAY
+//!   (streams in flight finish, no new one starts), and is dropped, closing
+//!   its socket, once it has had none open for `STALLED` periods more:
+//!   time for h2 to send what it holds of the last answers. A stream is
+//!   open from its request until its answer's body is handed to h2 in full
+//!   or dropped. A connection that asked nothing within its first period
+//!   is cut off then.
+//! - An answer that has handed data over and not been asked for more for
+//!   `STALLED` whole periods waits on a client that takes nothing (reads
+//!   nothing, or keeps its window at zero): its connection is dropped, as
+//!   nginx's `send_timeout` does. A slow reader is asked again each time
+//!   its window opens; an answer that waits on the app (a slow forward, a
+//!   passthrough stream between events) is not waiting on the client.
 //!
 //! Otherwise a client could hold its connection slot until shutdown with
-//! one request, or none, and silence. What this does not bound: a client
-//! that reads one answer keeps the others on its connection (32 streams at
-//! most) open as long as it reads. HTTP/1 carries one request at a time,
+//! one request, or none, and silence. HTTP/1 carries one request at a time
 //! and hyper times the wait for each next head; a client that stops
 //! reading an HTTP/1 answer is bounded by TCP alone.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -36,7 +33,6 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper::service::Service;
 use hyper_util::server::graceful::{GracefulConnection, Watcher};
 use tokio::sync::watch;
@@ -44,19 +40,25 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::body::{BoxError, ProxyBody};
 
-/// Periods in which answers may wait on a client that takes nothing before
-/// its connection is dropped.
-const STALLED: u32 = 2;
+/// Periods an answer may wait on the client, and a connection with no
+/// stream open may take to close after its GOAWAY, before it is dropped.
+const STALLED: usize = 2;
+
+/// Answers waiting on the client are kept by the period in which they
+/// started to: the `STALLED` last periods, the current one, and the one
+/// checked at the next tick.
+const RING: usize = STALLED + 2;
 
 /// One connection's counts: streams open, whether one was open in this
-/// period or ever, answers that wait on the client, bytes written.
+/// period or ever, the period (counted from 0), and the answers that wait
+/// on the client by the period they started to wait in (`RING`).
 #[derive(Default)]
 pub(super) struct Streams {
     open: AtomicUsize,
     active: AtomicBool,
     asked: AtomicBool,
-    handed: AtomicUsize,
-    written: AtomicU64,
+    period: AtomicUsize,
+    waiting: [AtomicUsize; RING],
 }
 
 /// A stream counted open until dropped.
@@ -94,9 +96,8 @@ where
 {
     let mut tick = tokio::time::interval_at(Instant::now() + limit, limit);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut written = streams.written.load(Ordering::SeqCst);
-    let mut going_away = false;
-    let mut still = 0;
+    // Periods with no stream open since the GOAWAY, once it is sent.
+    let mut since_goaway = None;
     loop {
         tokio::select! {
             biased;
@@ -113,27 +114,28 @@ where
         if !streams.asked.load(Ordering::SeqCst) {
             return Err("no request within the read timeout".into());
         }
-        let now = streams.written.load(Ordering::SeqCst);
-        let wrote = now != written;
-        written = now;
-        if streams.handed.load(Ordering::SeqCst) > 0 && !wrote {
-            still += 1;
-            if still >= STALLED {
-                return Err("its answers wait on a client that takes nothing".into());
-            }
-        } else {
-            still = 0;
+        // A new period; the answers that started to wait `STALLED` whole
+        // periods before it still wait.
+        let period = streams.period.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(then) = period.checked_sub(STALLED + 1)
+            && streams.waiting[then % RING].load(Ordering::SeqCst) > 0
+        {
+            return Err("its answers wait on a client that takes nothing".into());
         }
         let active =
             streams.active.swap(false, Ordering::SeqCst) || streams.open.load(Ordering::SeqCst) > 0;
-        if active || wrote {
-            continue;
-        }
-        if going_away {
-            return Err("nothing open or written since its GOAWAY, and still not closed".into());
-        }
-        conn.as_mut().graceful_shutdown();
-        going_away = true;
+        since_goaway = match (active, since_goaway) {
+            (true, Some(_)) => Some(0),
+            (true, None) => None,
+            (false, None) => {
+                conn.as_mut().graceful_shutdown();
+                Some(0)
+            }
+            (false, Some(quiet)) if quiet + 1 >= STALLED => {
+                return Err("nothing open since its GOAWAY, and still not closed".into());
+            }
+            (false, Some(quiet)) => Some(quiet + 1),
+        };
     }
 }
 
@@ -173,7 +175,7 @@ where
                 Counted {
                     body,
                     open,
-                    handed: false,
+                    waiting_since: None,
                 }
                 .boxed()
             }))
@@ -182,30 +184,32 @@ where
 }
 
 /// An answer's body that keeps its stream counted open while it lasts, and
-/// says when it has handed data over and waits to be asked for more.
+/// counts itself waiting on the client from the period in which it handed
+/// data over until it is asked for more.
 struct Counted {
     body: ProxyBody,
     open: Open,
-    handed: bool,
+    waiting_since: Option<usize>,
 }
 
 impl Counted {
-    fn hand(&mut self, handed: bool) {
-        if self.handed != handed {
-            self.handed = handed;
-            let count = &self.open.0.handed;
-            if handed {
-                count.fetch_add(1, Ordering::SeqCst);
-            } else {
-                count.fetch_sub(1, Ordering::SeqCst);
-            }
+    fn stop_waiting(&mut self) {
+        if let Some(period) = self.waiting_since.take() {
+            self.open.0.waiting[period % RING].fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    fn wait(&mut self) {
+        let streams = &self.open.0;
+        let period = streams.period.load(Ordering::SeqCst);
+        streams.waiting[period % RING].fetch_add(1, Ordering::SeqCst);
+        self.waiting_since = Some(period);
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.hand(false);
+        self.stop_waiting();
     }
 }
 
@@ -217,10 +221,14 @@ impl Body for Counted {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        // Asked for more: whatever it handed over was taken.
+        self.stop_waiting();
         let frame = Pin::new(&mut self.body).poll_frame(cx);
         // Data handed over waits on the client; a pending body waits on
         // the app, an ended one on nothing.
-        self.hand(matches!(frame, Poll::Ready(Some(Ok(_)))));
+        if matches!(frame, Poll::Ready(Some(Ok(_)))) {
+            self.wait();
+        }
         frame
     }
 
@@ -230,67 +238,5 @@ impl Body for Counted {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-/// A connection's socket, counting the bytes written to it (`Streams`).
-pub(super) struct Written<I> {
-    io: I,
-    streams: Arc<Streams>,
-}
-
-impl<I> Written<I> {
-    pub(super) fn new(io: I, streams: Arc<Streams>) -> Self {
-        Self { io, streams }
-    }
-
-    fn count(&self, written: &Poll<io::Result<usize>>) {
-        if let Poll::Ready(Ok(n)) = written {
-            self.streams.written.fetch_add(*n as u64, Ordering::Relaxed);
-        }
-    }
-}
-
-impl<I: Read + Unpin> Read for Written<I> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<I: Write + Unpin> Write for Written<I> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let written = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.count(&written);
-        written
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.count(&written);
-        written
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

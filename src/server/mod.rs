@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 
-use self::idle::{Counting, Streams, Written};
+use self::idle::{Counting, Streams};
 use crate::body::{BoxError, ProxyBody};
 
 /// Limits applied to every connection.
@@ -259,7 +259,6 @@ impl Protocols {
         } else {
             let streams = Arc::new(Streams::default());
             let service = Counting::new(service, Arc::clone(&streams));
-            let io = Written::new(io, Arc::clone(&streams));
             // Boxed: its state would otherwise size every connection's task.
             let conn = Box::pin(self.auto.serve_connection(io, service).into_owned());
             // Boxed as a `Send` trait object here, where it is built: left

@@ -299,6 +299,37 @@ async fn an_idle_http2_connection_is_closed_after_the_read_timeout() {
     gate.shutdown().await;
 }
 
+/// PINGs are no requests: a client that pings every 300 ms (which the gate
+/// answers) but asks nothing is closed like a silent one.
+#[tokio::test]
+async fn an_http2_connection_that_only_pings_is_closed() {
+    let gate = GateFixture::stripe()
+        .server_extra("read_timeout = \"1s\"")
+        .start()
+        .await;
+    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(std::time::Duration::from_millis(300))
+        .keep_alive_while_idle(true)
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let body = stripe_event("evt_h2_pings");
+    let response = send
+        .send_request(signed_request(&gate, &body))
+        .await
+        .unwrap();
+    let _ = response.into_body().collect().await.unwrap();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), conn).await;
+    assert!(
+        ended.is_ok(),
+        "a connection kept alive by PINGs alone stayed open"
+    );
+    gate.shutdown().await;
+}
+
 /// An HTTP/2 connection is idle only with no stream open: a request the
 /// app takes longer than twice `read_timeout` to answer still gets its
 /// answer.
