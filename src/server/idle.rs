@@ -6,15 +6,16 @@
 //!   (streams in flight finish, no new one starts), and is dropped, closing
 //!   its socket, once it has had none open for `STALLED` periods more:
 //!   time for h2 to send what it holds of the last answers. A stream is
-//!   open from its request until its answer's body is handed to h2 in full
-//!   or dropped. A connection that asked nothing within its first period
+//!   open from its request until the last slice of its answer is handed to
+//!   h2, or it is dropped. A connection that asked nothing within its first period
 //!   is cut off then.
 //! - An answer that has handed data over and not been asked for more for
 //!   `STALLED` whole periods waits on a client that takes nothing (reads
 //!   nothing, or keeps its window at zero): its connection is dropped, as
-//!   nginx's `send_timeout` does. A slow reader is asked again each time
-//!   its window opens; an answer that waits on the app (a slow forward, a
-//!   passthrough stream between events) is not waiting on the client.
+//!   nginx's `send_timeout` does. Answers are handed over in slices of 16
+//!   KiB (`SLICE`), so a reader that takes 16 KiB in that time is asked
+//!   again; an answer that waits on the app (a slow forward, a passthrough
+//!   stream between events) is not waiting on the client.
 //!
 //! Otherwise a client could hold its connection slot until shutdown with
 //! one request, or none, and silence. HTTP/1 carries one request at a time
@@ -75,6 +76,8 @@ impl Open {
 
 impl Drop for Open {
     fn drop(&mut self) {
+        // The period a stream closes in had a stream open.
+        self.0.active.store(true, Ordering::SeqCst);
         self.0.open.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -171,39 +174,56 @@ where
         let answer = self.inner.call(req);
         Box::pin(async move {
             let response = answer.await?;
-            Ok(response.map(|body| {
-                Counted {
-                    body,
-                    open,
-                    waiting_since: None,
-                }
-                .boxed()
-            }))
+            Ok(response.map(|body| Counted::new(body, open).boxed()))
         })
     }
 }
 
-/// An answer's body that keeps its stream counted open while it lasts, and
-/// counts itself waiting on the client from the period in which it handed
-/// data over until it is asked for more.
+/// The most of an answer handed to h2 at once. h2 asks a body for more
+/// only once the client's window covers what it was handed; in slices of
+/// this size (h2's default frame size) a reader that takes anything is
+/// asked again within a period, and the stream stays open until the last
+/// slice is handed over.
+const SLICE: usize = 16 * 1024;
+
+/// An answer's body that keeps its stream counted open while it lasts,
+/// hands its data over in slices (`SLICE`), and counts itself waiting on
+/// the client from the period in which it handed a slice over until it is
+/// asked for more.
 struct Counted {
     body: ProxyBody,
     open: Open,
+    /// What is left of the last data frame, after the slice handed over.
+    rest: Bytes,
     waiting_since: Option<usize>,
 }
 
 impl Counted {
+    fn new(body: ProxyBody, open: Open) -> Self {
+        Self {
+            body,
+            open,
+            rest: Bytes::new(),
+            waiting_since: None,
+        }
+    }
+
     fn stop_waiting(&mut self) {
         if let Some(period) = self.waiting_since.take() {
             self.open.0.waiting[period % RING].fetch_sub(1, Ordering::SeqCst);
         }
     }
 
-    fn wait(&mut self) {
+    /// Hands a slice of `data` over, keeping the rest, and waits.
+    fn hand(&mut self, mut data: Bytes) -> Frame<Bytes> {
+        if data.len() > SLICE {
+            self.rest = data.split_off(SLICE);
+        }
         let streams = &self.open.0;
         let period = streams.period.load(Ordering::SeqCst);
         streams.waiting[period % RING].fetch_add(1, Ordering::SeqCst);
         self.waiting_since = Some(period);
+        Frame::data(data)
     }
 }
 
@@ -223,20 +243,32 @@ impl Body for Counted {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         // Asked for more: whatever it handed over was taken.
         self.stop_waiting();
-        let frame = Pin::new(&mut self.body).poll_frame(cx);
-        // Data handed over waits on the client; a pending body waits on
-        // the app, an ended one on nothing.
-        if matches!(frame, Poll::Ready(Some(Ok(_)))) {
-            self.wait();
+        if !self.rest.is_empty() {
+            let rest = std::mem::take(&mut self.rest);
+            return Poll::Ready(Some(Ok(self.hand(rest))));
         }
-        frame
+        // Data handed over waits on the client; a pending body waits on
+        // the app, an ended one (or trailers) on nothing.
+        match Pin::new(&mut self.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Poll::Ready(Some(Ok(self.hand(data)))),
+                Err(trailers) => Poll::Ready(Some(Ok(trailers))),
+            },
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_empty() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let mut hint = self.body.size_hint();
+        let rest = self.rest.len() as u64;
+        hint.set_lower(hint.lower() + rest);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }

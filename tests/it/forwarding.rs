@@ -8,7 +8,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use crate::support::fixture::{Gate, GateFixture};
+use crate::support::fixture::{Gate, GateFixture, StoreConfig};
 use crate::support::gate::{SECRET, stripe_event};
 use crate::support::upstream::Behavior;
 
@@ -331,17 +331,19 @@ async fn an_http2_connection_that_only_pings_is_closed() {
 }
 
 /// An HTTP/2 connection is idle only with no stream open: a request the
-/// app takes longer than twice `read_timeout` to answer still gets its
-/// answer.
+/// app takes longer than four `read_timeout`s to answer (past a GOAWAY and
+/// the drop two periods after it, were the stream not counted) still gets
+/// its answer.
 #[tokio::test]
 async fn an_http2_request_in_flight_outlasts_the_idle_timeout() {
     let gate = GateFixture::stripe()
         .server_extra("read_timeout = \"1s\"")
-        .upstream_timeout("4s")
+        .upstream_timeout("6s")
+        .store(StoreConfig::sqlite().lease("8s"))
         .start()
         .await;
     gate.upstream()
-        .set(Behavior::Stall(std::time::Duration::from_millis(2500)));
+        .set(Behavior::Stall(std::time::Duration::from_millis(4500)));
     let (mut send, _conn) = http2_connection(&gate).await;
     let body = stripe_event("evt_h2_slow");
     let response = send.send_request(signed_request(&gate, &body)).await;
@@ -384,9 +386,9 @@ async fn an_http2_client_that_reads_nothing_is_dropped() {
     gate.shutdown().await;
 }
 
-/// A client that reads slowly is not one that reads nothing: a 1 MB
-/// passthrough answer read 64 KiB at a time over several read timeouts
-/// arrives whole.
+/// A client that reads slowly is not one that reads nothing: a 1 MB answer
+/// read 64 KiB at a time over more than three read timeouts arrives whole,
+/// streamed (passthrough) or buffered (a delivery's forwarded answer).
 #[tokio::test]
 async fn an_http2_client_that_reads_slowly_gets_its_whole_answer() {
     let gate = GateFixture::stripe()
@@ -397,6 +399,25 @@ async fn an_http2_client_that_reads_slowly_gets_its_whole_answer() {
         status: 200,
         bytes: 1 << 20,
     });
+    let download = http::Request::get(format!("http://{}/download", gate.addr))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let delivery = signed_request(&gate, &stripe_event("evt_h2_large"));
+    for request in [download, delivery] {
+        let path = request.uri().path().to_owned();
+        let started = std::time::Instant::now();
+        assert_eq!(read_slowly(&gate, request).await, 1 << 20, "{path}");
+        assert!(
+            started.elapsed() > std::time::Duration::from_secs(3),
+            "{path}: read over more than three read timeouts"
+        );
+    }
+    gate.shutdown().await;
+}
+
+/// Sends `request` on a connection of its own with 64 KiB windows and reads
+/// the answer 64 KiB every 300 ms: the bytes that came.
+async fn read_slowly(gate: &Gate, request: http::Request<Full<Bytes>>) -> usize {
     let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(65_535)
@@ -405,11 +426,7 @@ async fn an_http2_client_that_reads_slowly_gets_its_whole_answer() {
         .await
         .unwrap();
     tokio::spawn(conn);
-    let request = http::Request::get(format!("http://{}/download", gate.addr))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
     let mut body = send.send_request(request).await.unwrap().into_body();
-    let started = std::time::Instant::now();
     let (mut got, mut since_pause) = (0, 0);
     while let Some(frame) = body.frame().await {
         let frame = frame.expect("the answer arrives whole, not cut off");
@@ -421,12 +438,7 @@ async fn an_http2_client_that_reads_slowly_gets_its_whole_answer() {
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         }
     }
-    assert_eq!(got, 1 << 20);
-    assert!(
-        started.elapsed() > std::time::Duration::from_secs(3),
-        "read over more than two read timeouts"
-    );
-    gate.shutdown().await;
+    got
 }
 
 /// Each open HTTP/2 stream may hold a body up to `max_body_bytes`: one
