@@ -1,15 +1,12 @@
 //! What the app receives, and what the sender gets back.
 
-use bytes::Bytes;
 use hookgate::provider::Scheme;
 use http::Method;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
 
-use crate::support::fixture::{Gate, GateFixture, StoreConfig};
+use crate::support::fixture::GateFixture;
 use crate::support::gate::{SECRET, stripe_event};
+use crate::support::http2::{forward_all_at_once, http2_client, signed_request};
 use crate::support::upstream::Behavior;
 
 #[tokio::test]
@@ -210,25 +207,6 @@ async fn missing_keys_are_rejected_or_forwarded_as_configured() {
     gate.shutdown().await;
 }
 
-/// A client that speaks HTTP/2 only (prior knowledge): one connection for
-/// every request it sends.
-fn http2_client() -> H2Client {
-    Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http()
-}
-
-type H2Client = Client<HttpConnector, Full<Bytes>>;
-
-/// `body` signed for the gate's first provider, to its path.
-fn signed_request(gate: &Gate, body: &[u8]) -> http::Request<Full<Bytes>> {
-    let mut req = http::Request::post(format!("http://{}{}", gate.addr, gate.path()));
-    for (k, v) in gate.sign(body) {
-        req = req.header(k, v);
-    }
-    req.body(Full::new(Bytes::copy_from_slice(body))).unwrap()
-}
-
 #[tokio::test]
 async fn http2_deliveries_are_served_and_forwarded_over_http1() {
     let gate = GateFixture::stripe().start().await;
@@ -248,197 +226,6 @@ async fn http2_deliveries_are_served_and_forwarded_over_http1() {
         "the authority became Host"
     );
     gate.shutdown().await;
-}
-
-/// One HTTP/2 connection (prior knowledge) to the gate, driven by a task of
-/// its own, which ends when the connection does.
-async fn http2_connection(
-    gate: &Gate,
-) -> (
-    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
-    tokio::task::JoinHandle<hyper::Result<()>>,
-) {
-    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    (send, tokio::spawn(conn))
-}
-
-/// hyper's HTTP/2 server times nothing: a client that sent one request and
-/// then stays silent must not hold its connection slot until shutdown. It
-/// is shut down (GOAWAY) once it has sent nothing for `server.read_timeout`.
-#[tokio::test]
-async fn an_idle_http2_connection_is_closed_after_the_read_timeout() {
-    let gate = GateFixture::stripe()
-        .server_extra("read_timeout = \"1s\"")
-        .start()
-        .await;
-    let (mut send, conn) = http2_connection(&gate).await;
-    let opened = std::time::Instant::now();
-    let body = stripe_event("evt_h2_idle");
-    let response = send
-        .send_request(signed_request(&gate, &body))
-        .await
-        .unwrap();
-    assert_eq!(response.headers()["hookgate-result"], "forwarded");
-    let _ = response.into_body().collect().await.unwrap();
-
-    // Silent from here on: the gate ends the connection, the client's side
-    // of it then completes.
-    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), conn).await;
-    assert!(ended.is_ok(), "the idle connection was kept open");
-    let kept = opened.elapsed();
-    assert!(
-        kept >= std::time::Duration::from_millis(800),
-        "closed after {kept:?}, before the read timeout"
-    );
-    gate.shutdown().await;
-}
-
-/// PINGs are no requests: a client that pings every 300 ms (which the gate
-/// answers) but asks nothing is closed like a silent one.
-#[tokio::test]
-async fn an_http2_connection_that_only_pings_is_closed() {
-    let gate = GateFixture::stripe()
-        .server_extra("read_timeout = \"1s\"")
-        .start()
-        .await;
-    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .timer(hyper_util::rt::TokioTimer::new())
-        .keep_alive_interval(std::time::Duration::from_millis(300))
-        .keep_alive_while_idle(true)
-        .handshake(hyper_util::rt::TokioIo::new(tcp))
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
-    let body = stripe_event("evt_h2_pings");
-    let response = send
-        .send_request(signed_request(&gate, &body))
-        .await
-        .unwrap();
-    let _ = response.into_body().collect().await.unwrap();
-    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), conn).await;
-    assert!(
-        ended.is_ok(),
-        "a connection kept alive by PINGs alone stayed open"
-    );
-    gate.shutdown().await;
-}
-
-/// An HTTP/2 connection is idle only with no stream open: a request the
-/// app takes longer than four `read_timeout`s to answer (past a GOAWAY and
-/// the drop two periods after it, were the stream not counted) still gets
-/// its answer.
-#[tokio::test]
-async fn an_http2_request_in_flight_outlasts_the_idle_timeout() {
-    let gate = GateFixture::stripe()
-        .server_extra("read_timeout = \"1s\"")
-        .upstream_timeout("6s")
-        .store(StoreConfig::sqlite().lease("8s"))
-        .start()
-        .await;
-    gate.upstream()
-        .set(Behavior::Stall(std::time::Duration::from_millis(4500)));
-    let (mut send, _conn) = http2_connection(&gate).await;
-    let body = stripe_event("evt_h2_slow");
-    let response = send.send_request(signed_request(&gate, &body)).await;
-    let response = response.expect("the answer, after 2.5 s with nothing else asked");
-    assert_eq!(response.headers()["hookgate-result"], "forwarded");
-    let _ = response.into_body().collect().await.unwrap();
-    gate.shutdown().await;
-}
-
-/// A client that reads none of its answers (here: a window of zero, never
-/// opened) holds its streams open; it is dropped once they have waited on
-/// it, asking for nothing, for two read timeouts.
-#[tokio::test]
-async fn an_http2_client_that_reads_nothing_is_dropped() {
-    let gate = GateFixture::stripe()
-        .server_extra("read_timeout = \"1s\"")
-        .start()
-        .await;
-    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(0)
-        .handshake(hyper_util::rt::TokioIo::new(tcp))
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
-    let body = stripe_event("evt_h2_unread");
-    let response = send
-        .send_request(signed_request(&gate, &body))
-        .await
-        .unwrap();
-    assert_eq!(response.headers()["hookgate-result"], "forwarded");
-    // The head came (not flow-controlled); the body is never read.
-    let held = response;
-    let ended = tokio::time::timeout(std::time::Duration::from_secs(15), conn).await;
-    assert!(
-        ended.is_ok(),
-        "a client that reads nothing kept its connection"
-    );
-    drop(held);
-    gate.shutdown().await;
-}
-
-/// A client that reads slowly is not one that reads nothing: a 1 MB answer
-/// read 64 KiB at a time over more than three read timeouts arrives whole,
-/// streamed (passthrough) or buffered (a delivery's forwarded answer).
-#[tokio::test]
-async fn an_http2_client_that_reads_slowly_gets_its_whole_answer() {
-    let gate = GateFixture::stripe()
-        .server_extra("read_timeout = \"1s\"")
-        .start()
-        .await;
-    gate.upstream().set(Behavior::Large {
-        status: 200,
-        bytes: 1 << 20,
-    });
-    let download = http::Request::get(format!("http://{}/download", gate.addr))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let delivery = signed_request(&gate, &stripe_event("evt_h2_large"));
-    for request in [download, delivery] {
-        let path = request.uri().path().to_owned();
-        let started = std::time::Instant::now();
-        assert_eq!(read_slowly(&gate, request).await, 1 << 20, "{path}");
-        assert!(
-            started.elapsed() > std::time::Duration::from_secs(3),
-            "{path}: read over more than three read timeouts"
-        );
-    }
-    gate.shutdown().await;
-}
-
-/// Sends `request` on a connection of its own with 64 KiB windows and reads
-/// the answer 64 KiB every 300 ms: the bytes that came.
-async fn read_slowly(gate: &Gate, request: http::Request<Full<Bytes>>) -> usize {
-    let tcp = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .initial_stream_window_size(65_535)
-        .initial_connection_window_size(65_535)
-        .handshake(hyper_util::rt::TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let mut body = send.send_request(request).await.unwrap().into_body();
-    let (mut got, mut since_pause) = (0, 0);
-    while let Some(frame) = body.frame().await {
-        let frame = frame.expect("the answer arrives whole, not cut off");
-        let n = frame.data_ref().map_or(0, Bytes::len);
-        got += n;
-        since_pause += n;
-        if since_pause >= 65_535 {
-            since_pause = 0;
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        }
-    }
-    got
 }
 
 /// Each open HTTP/2 stream may hold a body up to `max_body_bytes`: one
@@ -464,17 +251,7 @@ async fn an_http2_connection_carries_at_most_32_requests_at_once() {
         .unwrap();
     let _ = first.into_body().collect().await.unwrap();
     up.set(Behavior::Stall(std::time::Duration::from_millis(300)));
-    let sends = (0..40).map(|i| {
-        client.request(signed_request(
-            &gate,
-            &stripe_event(&format!("evt_streams{i}")),
-        ))
-    });
-    for response in futures_util::future::join_all(sends).await {
-        let response = response.expect("an answer over HTTP/2");
-        assert_eq!(response.headers()["hookgate-result"], "forwarded");
-        let _ = response.into_body().collect().await.unwrap();
-    }
+    forward_all_at_once(&client, &gate, "evt_streams", 40).await;
     assert_eq!(up.count(), 41);
     let peak = up.peak_in_flight();
     assert!(
@@ -521,17 +298,7 @@ async fn one_connection_takes_at_most_its_cores_share_of_the_upstream_slots() {
     let up = gate.upstream();
     up.set(Behavior::Stall(std::time::Duration::from_millis(200)));
     let client = http2_client();
-    let sends = (0..6).map(|i| {
-        client.request(signed_request(
-            &gate,
-            &stripe_event(&format!("evt_share{i}")),
-        ))
-    });
-    for response in futures_util::future::join_all(sends).await {
-        let response = response.expect("an answer over HTTP/2");
-        assert_eq!(response.headers()["hookgate-result"], "forwarded");
-        let _ = response.into_body().collect().await.unwrap();
-    }
+    forward_all_at_once(&client, &gate, "evt_share", 6).await;
     assert_eq!(up.count(), 6);
     let peak = up.peak_in_flight();
     assert!(

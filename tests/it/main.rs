@@ -20,6 +20,7 @@ mod routing;
 mod schemes;
 mod secrets;
 mod slack_forms;
+mod slow_clients;
 mod store_conformance;
 mod store_faults;
 mod support;

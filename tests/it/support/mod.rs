@@ -2,6 +2,7 @@
 
 pub mod fixture;
 pub mod gate;
+pub mod http2;
 pub mod port;
 pub mod postgres_server;
 pub mod raw_upstream;
