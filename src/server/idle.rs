@@ -20,7 +20,8 @@
 //! Otherwise a client could hold its connection slot until shutdown with
 //! one request, or none, and silence. HTTP/1 carries one request at a time
 //! and hyper times the wait for each next head; a client that stops
-//! reading an HTTP/1 answer is bounded by TCP alone.
+//! reading an answer is found below HTTP, by a write to its socket that
+//! waits `STALLED` periods (`super::send_timeout`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -43,7 +44,7 @@ use crate::body::{BoxError, ProxyBody};
 
 /// Periods an answer may wait on the client, and a connection with no
 /// stream open may take to close after its GOAWAY, before it is dropped.
-const STALLED: usize = 2;
+pub(super) const STALLED: usize = 2;
 
 /// Answers waiting on the client are kept by the period in which they
 /// started to: the `STALLED` last periods, the current one, and the one

@@ -18,8 +18,10 @@ use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 
 use self::idle::{Counting, Streams};
@@ -51,6 +53,29 @@ impl ConnLimits {
             ..self
         }
     }
+
+    /// How long a write may wait on a client that takes none of it: two
+    /// read timeouts, the HTTP/2 watch's rule for an answer (`idle`).
+    fn send_timeout(self) -> Duration {
+        self.header_read_timeout * idle::STALLED as u32
+    }
+}
+
+/// A connection's socket, under TLS if any, whose writes fail (`TimedOut`)
+/// once one has waited `limit` for the client to take any of it; hyper
+/// then drops the connection. hyper's HTTP/1 server has no write timeout,
+/// so without this a client that asks for a large answer and reads none of
+/// it would hold its connection slot, and the answer, for as long as TCP
+/// keeps the connection (nginx's `send_timeout`, judged per write, not per
+/// answer: a slow reader is not cut). Boxed, since the timer it holds is
+/// not `Unpin`; one allocation per connection, none per request.
+fn send_timeout<S: AsyncRead + AsyncWrite>(
+    stream: S,
+    limit: Duration,
+) -> Pin<Box<TimeoutStream<S>>> {
+    let mut stream = TimeoutStream::new(stream);
+    stream.set_write_timeout(Some(limit));
+    Box::pin(stream)
 }
 
 /// Who is on the other end of a connection.
@@ -162,7 +187,8 @@ pub async fn serve<F, Fut>(
                                 },
                                 _ = stopping.wait_for(|stop| *stop) => return Ok(()),
                             };
-                            protocols.serve(TokioIo::new(stream), http1, service, watcher, stopping).await
+                            let io = TokioIo::new(send_timeout(stream, limits.send_timeout()));
+                            protocols.serve(io, http1, service, watcher, stopping).await
                         });
                     }
                     Some(acceptor) => {
@@ -171,6 +197,7 @@ pub async fn serve<F, Fut>(
                         spawn_connection(peer, slot, async move {
                             // A client that never finishes the handshake is
                             // cut off like one that never sends its head.
+                            let stream = send_timeout(stream, limits.send_timeout());
                             let accepted =
                                 tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await;
                             let stream = match accepted {

@@ -186,3 +186,111 @@ async fn read_slowly(gate: &Gate, request: http::Request<Full<Bytes>>) -> usize 
     }
     got
 }
+
+/// An answer the app gives in full at once: the most of one the gate holds
+/// for a delivery, and more than the kernel holds between the gate and a
+/// client that reads nothing (the gate's send buffer grows to 4 MiB on
+/// Linux; the client's receive buffer is set small), so the gate's writes
+/// wait on the client.
+const LARGE: usize = 8 << 20;
+
+/// An HTTP/1 connection to the gate with a 16 KiB receive buffer, driven
+/// by a task of its own: hyper reads from it only as its body is read.
+async fn http1_connection(gate: &Gate) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let socket = if gate.addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let tcp = socket.connect(gate.addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// A passthrough download (streamed from the app) and a delivery (whose
+/// answer the gate holds whole), each asking for `LARGE` bytes.
+fn large_answers(gate: &Gate) -> [http::Request<Full<Bytes>>; 2] {
+    gate.upstream().set(Behavior::Large {
+        status: 200,
+        bytes: LARGE,
+    });
+    // Origin-form targets, as an HTTP/1 client sends them.
+    let download = http::Request::get("/download")
+        .header("host", gate.addr.to_string())
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let mut delivery = signed_request(gate, &stripe_event("evt_h1_large"));
+    *delivery.uri_mut() = gate.path().parse().unwrap();
+    delivery
+        .headers_mut()
+        .insert("host", gate.addr.to_string().parse().unwrap());
+    [download, delivery]
+}
+
+/// hyper's HTTP/1 server has no write timeout: a client that asks for a
+/// large answer and reads none of it would hold its connection slot (and
+/// the answer) for as long as TCP keeps the connection. A write that waits
+/// two read timeouts on the client ends the connection.
+#[tokio::test]
+async fn an_http1_client_that_reads_nothing_is_dropped() {
+    let gate = GateFixture::stripe()
+        .server_extra("read_timeout = \"1s\"")
+        .start()
+        .await;
+    let reads = large_answers(&gate).map(|request| async {
+        let path = request.uri().path().to_owned();
+        let mut send = http1_connection(&gate).await;
+        let response = send.send_request(request).await.expect("the answer's head");
+        assert_eq!(response.status(), 200, "{path}");
+        // Nothing read for two and a half times what a write may wait.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let got = response.into_body().collect().await;
+        assert!(
+            got.is_err(),
+            "{path}: the whole answer waited 5 s for a client that read none of it"
+        );
+    });
+    futures_util::future::join_all(reads).await;
+    gate.shutdown().await;
+}
+
+/// The HTTP/1 write timeout is judged per write, not per answer: a client
+/// that reads a large answer 512 KiB every 250 ms, for longer than a write
+/// may wait, gets it whole.
+#[tokio::test]
+async fn an_http1_client_that_reads_slowly_gets_its_whole_answer() {
+    let gate = GateFixture::stripe()
+        .server_extra("read_timeout = \"1s\"")
+        .start()
+        .await;
+    let reads = large_answers(&gate).map(|request| async {
+        let path = request.uri().path().to_owned();
+        let started = Instant::now();
+        let mut send = http1_connection(&gate).await;
+        let response = send.send_request(request).await.expect("the answer's head");
+        let mut body = response.into_body();
+        let (mut got, mut since_pause) = (0, 0);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.unwrap_or_else(|e| panic!("{path}: cut off after {got} bytes: {e}"));
+            let n = frame.data_ref().map_or(0, Bytes::len);
+            got += n;
+            since_pause += n;
+            if since_pause >= 512 << 10 {
+                since_pause = 0;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        assert_eq!(got, LARGE, "{path}");
+        assert!(
+            started.elapsed() > Duration::from_secs(3),
+            "{path}: read over longer than a write may wait"
+        );
+    });
+    futures_util::future::join_all(reads).await;
+    gate.shutdown().await;
+}
