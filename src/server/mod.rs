@@ -18,10 +18,9 @@ use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
-use tokio_io_timeout::TimeoutStream;
+use tokio_io_timeout::TimeoutWriter;
 use tokio_rustls::TlsAcceptor;
 
 use self::idle::{Counting, Streams};
@@ -55,26 +54,37 @@ impl ConnLimits {
     }
 
     /// How long a write may wait on a client that takes none of it: two
-    /// read timeouts, the HTTP/2 watch's rule for an answer (`idle`).
+    /// read timeouts, the HTTP/2 watch's rule for an answer (`idle`), and
+    /// at most a day (a timer past tokio's range would panic).
     fn send_timeout(self) -> Duration {
-        self.header_read_timeout * idle::STALLED as u32
+        let stalled = u32::try_from(idle::STALLED).unwrap_or(u32::MAX);
+        self.header_read_timeout
+            .saturating_mul(stalled)
+            .min(Duration::from_secs(24 * 3600))
     }
 }
 
+/// The most of an answer a connection's socket holds unsent
+/// (`TCP_NOTSENT_LOWAT`): the kernel takes more only as the client reads.
+/// A write that waits is then one that waits on the client, not on a send
+/// buffer the kernel grew to megabytes, and a connection dropped for it
+/// leaves at most this much queued in the kernel (with what the client's
+/// window allowed out). Webhook answers are far smaller.
+const UNSENT_BYTES: u32 = 128 * 1024;
+
 /// A connection's socket, under TLS if any, whose writes fail (`TimedOut`)
-/// once one has waited `limit` for the client to take any of it; hyper
-/// then drops the connection. hyper's HTTP/1 server has no write timeout,
-/// so without this a client that asks for a large answer and reads none of
-/// it would hold its connection slot, and the answer, for as long as TCP
-/// keeps the connection (nginx's `send_timeout`, judged per write, not per
-/// answer: a slow reader is not cut). Boxed, since the timer it holds is
-/// not `Unpin`; one allocation per connection, none per request.
-fn send_timeout<S: AsyncRead + AsyncWrite>(
-    stream: S,
-    limit: Duration,
-) -> Pin<Box<TimeoutStream<S>>> {
-    let mut stream = TimeoutStream::new(stream);
-    stream.set_write_timeout(Some(limit));
+/// once one has waited `limit` for the client to take more of its answer
+/// (`UNSENT_BYTES`); hyper then drops the connection. hyper's HTTP/1
+/// server has no write timeout, so without this a client that asks for a
+/// large answer and reads none of it would hold its connection slot, and
+/// the answer, for as long as TCP keeps the connection. It is judged per
+/// write, not per answer, as nginx's `send_timeout`: a slow reader is not
+/// cut. Boxed, since the timer it holds is not `Unpin`; one allocation per
+/// connection, none per request.
+fn send_timeout(stream: TcpStream, limit: Duration) -> Pin<Box<TimeoutWriter<TcpStream>>> {
+    let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT_BYTES);
+    let mut stream = TimeoutWriter::new(stream);
+    stream.set_timeout(Some(limit));
     Box::pin(stream)
 }
 
@@ -483,7 +493,7 @@ mod tests {
         tokio::spawn(conn);
         // Past the read timeout in all, each request within it of the last:
         // a connection that keeps asking stays open (an idle one is closed:
-        // tests/it/forwarding.rs).
+        // tests/it/slow_clients.rs).
         for _ in 0..4 {
             let request = Request::get("http://x/")
                 .body(crate::body::empty())

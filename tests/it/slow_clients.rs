@@ -188,10 +188,10 @@ async fn read_slowly(gate: &Gate, request: http::Request<Full<Bytes>>) -> usize 
 }
 
 /// An answer the app gives in full at once: the most of one the gate holds
-/// for a delivery, and more than the kernel holds between the gate and a
-/// client that reads nothing (the gate's send buffer grows to 4 MiB on
-/// Linux; the client's receive buffer is set small), so the gate's writes
-/// wait on the client.
+/// for a delivery, and far more than the kernel holds between the gate and
+/// a client that reads nothing (the gate's socket holds 128 KiB unsent, the
+/// client's receive buffer is set small), so the gate's writes wait on the
+/// client.
 const LARGE: usize = 8 << 20;
 
 /// An HTTP/1 connection to the gate with a 16 KiB receive buffer, driven

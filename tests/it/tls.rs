@@ -14,6 +14,7 @@ use rustls_pki_types::pem::PemObject;
 
 use crate::support::fixture::{Gate, GateFixture, StoreConfig};
 use crate::support::gate::{assert_raw_forwarded, raw_head, stripe_event};
+use crate::support::upstream::Behavior;
 
 /// Writes a self-signed certificate for `localhost`; returns its PEM.
 fn write_cert(dir: &Path) -> String {
@@ -42,6 +43,19 @@ async fn tls_gate(extra: &str) -> (Gate, String) {
     (fixture.server_extra(&server).start().await, pem)
 }
 
+/// A client's TLS settings, trusting exactly `pem`.
+fn trusting(pem: &str) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
+        .unwrap();
+    rustls::ClientConfig::builder_with_provider(Arc::new(hookgate::tls::provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
 /// A client that trusts exactly `pem` and reports the certificate it saw.
 async fn post_tls(
     port: u16,
@@ -49,17 +63,8 @@ async fn post_tls(
     headers: &[(String, String)],
     body: &[u8],
 ) -> (u16, http::HeaderMap) {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
-        .unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(hookgate::tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(config)
+        .with_tls_config(trusting(pem))
         .https_only()
         .enable_http1()
         .build();
@@ -162,16 +167,7 @@ async fn https_upstreams_are_trusted_through_ca_file() {
 /// kept the connection after the handshake.
 async fn tls_exchange(port: u16, pem: &str, alpn: &[&[u8]], request: &[u8]) -> (Vec<u8>, Duration) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(pem.as_bytes()).unwrap())
-        .unwrap();
-    let mut config =
-        rustls::ClientConfig::builder_with_provider(Arc::new(hookgate::tls::provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+    let mut config = trusting(pem);
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -214,5 +210,47 @@ async fn a_tls_client_that_negotiates_h2_and_asks_nothing_is_cut_off() {
             "cut off after {kept:?}, before the read timeout"
         );
     }
+    gate.shutdown().await;
+}
+
+/// The write timeout holds beneath TLS: a client that asks for an 8 MiB
+/// answer over TLS and reads none of it for 5 s (two read timeouts are 2 s)
+/// is dropped before it has the whole answer (tests/it/slow_clients.rs has
+/// the plain HTTP/1 and HTTP/2 cases).
+#[tokio::test]
+async fn a_tls_client_that_reads_nothing_is_dropped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const LARGE: usize = 8 << 20;
+    let (gate, pem) = tls_gate("read_timeout = \"1s\"").await;
+    gate.upstream().set(Behavior::Large {
+        status: 200,
+        bytes: LARGE,
+    });
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let tcp = socket
+        .connect(([127, 0, 0, 1], gate.addr.port()).into())
+        .await
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(trusting(&pem)));
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    tls.write_all(b"GET /download HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut got = 0;
+    let mut buf = vec![0; 64 * 1024];
+    let read = tokio::time::timeout(Duration::from_secs(15), async {
+        while let Ok(n @ 1..) = tls.read(&mut buf).await {
+            got += n;
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the gate kept the connection open");
+    assert!(
+        got < LARGE,
+        "the whole answer ({got} bytes) waited 5 s for a client that read none of it"
+    );
     gate.shutdown().await;
 }
