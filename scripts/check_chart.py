@@ -55,7 +55,7 @@ GAUGES = {n for n in METRICS if n.startswith("hookgate_postgres_")} | {
 HISTOGRAMS = {n for n in METRICS if n.endswith("_seconds") and n not in GAUGES}
 OUTCOMES = {
     "forwarded", "duplicate", "in_flight", "payload_mismatch", "invalid_signature",
-    "stale_timestamp", "missing_key", "bad_payload", "rate_limited", "store_unavailable",
+    "stale_timestamp", "missing_key", "bad_payload", "rate_limited", "overloaded", "store_unavailable",
     "upstream_error", "upstream_unreachable", "upstream_timeout", "payload_too_large",
     "request_timeout", "internal_error", "accepted",
 }

@@ -69,6 +69,8 @@ pub enum GateError {
     },
     #[error("rate limit exceeded")]
     RateLimited { retry_after: Duration },
+    #[error("request bodies in flight at server.max_body_bytes_in_flight")]
+    Overloaded,
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
     #[error("store unavailable: {0}")]
@@ -113,7 +115,7 @@ impl GateError {
             Self::PayloadMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
-            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded | Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -146,6 +148,7 @@ impl GateError {
             Self::RequestTimeout =>          told!("request_timeout",      "The body did not arrive in time."),
             Self::PayloadMismatch { .. } =>  told!("payload_mismatch",     "This event id was already seen with a different payload."),
             Self::RateLimited { .. } =>      told!("rate_limited",         "Too many deliveries; retry later."),
+            Self::Overloaded =>              told!("overloaded",           "The gate holds as many request bodies as it may; retry later."),
             Self::UpstreamUnreachable(_) =>  told!("upstream_unreachable", "The application could not be reached."),
             Self::StoreUnavailable(_) =>     told!("store_unavailable",    "The dedupe store is unavailable; retry later."),
             Self::UpstreamTimeout(_) =>      told!("upstream_timeout",     "The application did not answer in time."),
@@ -159,6 +162,7 @@ impl GateError {
                 Some(*retry_after)
             }
             Self::StoreUnavailable(_) => Some(Duration::from_secs(5)),
+            Self::Overloaded => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -234,6 +238,7 @@ mod tests {
             GateError::RateLimited {
                 retry_after: Duration::from_secs(1),
             },
+            GateError::Overloaded,
             GateError::UpstreamUnreachable("x".into()),
             GateError::StoreUnavailable(StoreError::Timeout(Duration::ZERO)),
             GateError::UpstreamTimeout(Duration::ZERO),
@@ -258,6 +263,7 @@ mod tests {
                 | GateError::RequestTimeout
                 | GateError::PayloadMismatch { .. }
                 | GateError::RateLimited { .. }
+                | GateError::Overloaded
                 | GateError::UpstreamUnreachable(_)
                 | GateError::StoreUnavailable(_)
                 | GateError::UpstreamTimeout(_)

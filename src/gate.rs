@@ -7,7 +7,7 @@ use tokio::sync::Notify;
 
 use crate::StartError;
 use crate::metrics::Metrics;
-use crate::pipeline::{Inflight, Marks};
+use crate::pipeline::{BodyBudget, Inflight, Marks};
 use crate::ratelimit::{ProviderLimit, SourceLimit};
 use crate::route::{Route, RouteSpec, Routes};
 use crate::secret::{RELOAD_INTERVAL, SecretSet};
@@ -35,6 +35,8 @@ pub struct Gate {
     /// The delivery traces' exporter, when traces are on.
     pub traces: Option<Traces>,
     pub source_limit: Option<SourceLimit>,
+    /// The request bodies held at once (`server.max_body_bytes_in_flight`).
+    pub bodies: BodyBudget,
     /// The listener's certificate, when it serves TLS.
     pub tls: Option<Arc<ReloadingCert>>,
     /// Claims held by deliveries still running, released if shutdown's
@@ -116,6 +118,7 @@ impl Gate {
         );
         let gate = Arc::new(Self {
             source_limit: settings.server.per_source_rate_limit.map(SourceLimit::new),
+            bodies: BodyBudget::new(settings.server.max_body_bytes_in_flight),
             upstream,
             tls,
             settings,

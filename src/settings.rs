@@ -72,6 +72,8 @@ pub struct ServerSettings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub max_body_bytes: u64,
+    /// Request bodies held at once, over every connection.
+    pub max_body_bytes_in_flight: u64,
     pub read_timeout: Duration,
     pub shutdown_grace: Duration,
     pub client_ip_header: Option<HeaderName>,

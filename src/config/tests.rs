@@ -434,6 +434,28 @@ fn sizes_take_units_and_plain_integers() {
     );
 }
 
+/// The bodies in flight hold at least one body of the largest size; by
+/// default 64 MiB.
+#[test]
+fn bodies_in_flight_hold_at_least_one_body() {
+    let s = load(&figment_from_str(STRIPE)).unwrap();
+    assert_eq!(s.server.max_body_bytes_in_flight, 64 * 1024 * 1024);
+    let s = load(&figment_from_str(&format!(
+        "[server]\nmax_body_bytes = \"2MiB\"\nmax_body_bytes_in_flight = \"2MiB\"\n{STRIPE}"
+    )))
+    .unwrap();
+    assert_eq!(s.server.max_body_bytes_in_flight, 2 * 1024 * 1024);
+    let errs = errors(&format!(
+        "[server]\nmax_body_bytes = \"2MiB\"\nmax_body_bytes_in_flight = \"1MiB\"\n{STRIPE}"
+    ));
+    assert!(
+        errors_text(&errs).contains(
+            "server.max_body_bytes_in_flight: must be at least server.max_body_bytes (2097152 bytes)"
+        ),
+        "{errs:?}"
+    );
+}
+
 /// A request's path never holds a query or a fragment (routing reads it
 /// without its query), so a provider whose path did would never match, and
 /// its deliveries would pass through unverified.

@@ -24,6 +24,7 @@
 //! context is what the app's `traceparent` names.
 
 mod accept;
+mod budget;
 mod claim;
 mod finish;
 mod forward;
@@ -44,6 +45,7 @@ use hyper::body::Incoming;
 use tokio::sync::oneshot;
 
 use self::accept::AcceptContext;
+pub use self::budget::BodyBudget;
 use self::claim::{ClaimContext, Claims};
 pub use self::finish::Marks;
 use self::forward::Payload;
@@ -247,7 +249,7 @@ async fn stages(
         peer: conn.peer.ip(),
     };
     limit::check(provider, &source, &head.headers)?;
-    let request = read::read(&gate.settings.server, head, incoming).await?;
+    let request = read::read(&gate.settings.server, &gate.bodies, head, incoming).await?;
     let span = record.stage(Stage::Verify);
     let verified = span.end(verify::verify(provider, &request))?;
     record.verification = Verification::Ok;

@@ -4,22 +4,29 @@
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Uri, header, request};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
+use super::budget::{BodyBudget, Share};
 use crate::error::GateError;
 use crate::settings::ServerSettings;
 
-/// A delivery as read: its head and its raw body, both off hyper's buffers.
+/// A delivery as read: its head and its raw body, both off hyper's buffers,
+/// and the body's share of `server.max_body_bytes_in_flight`, given back
+/// when the delivery is dropped.
 pub struct Request {
     pub head: request::Parts,
     pub body: Bytes,
+    _share: Share,
 }
 
 /// Reads the whole body. A declared length over the limit is refused before
 /// a byte is read; a body that grows past it is cut off as soon as it does.
+/// A body the budget has no room for is refused (`overloaded`) as soon as
+/// it says its length, or as soon as the bytes that came pass the budget.
 pub async fn read(
     server: &ServerSettings,
+    budget: &BodyBudget,
     mut head: request::Parts,
     incoming: Incoming,
 ) -> Result<Request, GateError> {
@@ -32,22 +39,54 @@ pub async fn read(
     if declared.is_some_and(|n| n > limit) {
         return Err(GateError::PayloadTooLarge { limit });
     }
-    let limit_usize = usize::try_from(limit).unwrap_or(usize::MAX);
-    let read = Limited::new(incoming, limit_usize).collect();
+    let mut share = Share::default();
+    budget.hold(&mut share, declared.unwrap_or(0))?;
+    let read = collect(incoming, limit, budget, &mut share);
     let body = match tokio::time::timeout(server.read_timeout, read).await {
         Err(_) => return Err(GateError::RequestTimeout),
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.is::<LengthLimitError>() => {
-            return Err(GateError::PayloadTooLarge { limit });
-        }
-        Ok(Err(e)) => {
-            return Err(GateError::BadPayload(format!(
-                "body could not be read: {e}"
-            )));
-        }
+        Ok(body) => body?,
     };
     let body = unshare(&mut head, body);
-    Ok(Request { head, body })
+    Ok(Request {
+        head,
+        body,
+        _share: share,
+    })
+}
+
+/// The body's bytes, at most `limit`, each frame's counted in `share` as
+/// it comes. Trailers (HTTP/2, chunked HTTP/1) are not part of the body. A
+/// body in one frame, as a webhook's nearly always is, is not copied.
+async fn collect(
+    mut incoming: Incoming,
+    limit: u64,
+    budget: &BodyBudget,
+    share: &mut Share,
+) -> Result<Bytes, GateError> {
+    let mut first: Option<Bytes> = None;
+    let mut joined = BytesMut::new();
+    let mut total: u64 = 0;
+    while let Some(frame) = incoming.frame().await {
+        let frame =
+            frame.map_err(|e| GateError::BadPayload(format!("body could not be read: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        total = total.saturating_add(data.len() as u64);
+        if total > limit {
+            return Err(GateError::PayloadTooLarge { limit });
+        }
+        budget.hold(share, total)?;
+        if first.is_none() && joined.is_empty() {
+            first = Some(data);
+        } else {
+            if let Some(first) = first.take() {
+                joined.extend_from_slice(&first);
+            }
+            joined.extend_from_slice(&data);
+        }
+    }
+    Ok(first.unwrap_or_else(|| joined.freeze()))
 }
 
 /// Moves the request head and body off hyper's read buffer. hyper parses

@@ -1,6 +1,7 @@
-//! Clients that hold a connection without using it: silent, pinging, or
-//! not reading their answers. Each is let go, and a slow reader is not
-//! taken for one (README, `server.read_timeout`).
+//! Clients that hold a connection, or the gate's memory, without using
+//! it: silent, pinging, not reading their answers, or sending large bodies
+//! slowly. Each is let go or bounded, and a slow reader is not taken for
+//! one (README, `server.read_timeout`, `server.max_body_bytes_in_flight`).
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::support::fixture::{Gate, GateFixture, StoreConfig};
-use crate::support::gate::stripe_event;
+use crate::support::gate::{raw_head, stripe_event};
 use crate::support::http2::{http2_connection, signed_request};
 use crate::support::upstream::Behavior;
 
@@ -292,5 +293,79 @@ async fn an_http1_client_that_reads_slowly_gets_its_whole_answer() {
         );
     });
     futures_util::future::join_all(reads).await;
+    gate.shutdown().await;
+}
+
+/// Bodies being read are held in memory: over every connection together
+/// they may take `server.max_body_bytes_in_flight`. One that declares its
+/// length holds it from its head on, one sent in chunks as they come; a
+/// delivery the budget has no room for is refused at once (503
+/// `overloaded`, `Retry-After`), and the budget comes back when they end.
+#[tokio::test]
+async fn bodies_in_flight_over_every_connection_are_bounded() {
+    use tokio::io::AsyncWriteExt;
+    let gate = GateFixture::stripe()
+        .server_extra(
+            "max_body_bytes = \"64KiB\"\nmax_body_bytes_in_flight = \"128KiB\"\nread_timeout = \"5s\"",
+        )
+        .start()
+        .await;
+    let path = gate.path();
+    // One declares 64 KiB and sends a byte of it; the other sends 60 KiB
+    // in chunks, without a length, and does not end its body.
+    let mut declared = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let head = raw_head(&path, "", &[], 64 * 1024);
+    declared.write_all(head.as_bytes()).await.unwrap();
+    declared.write_all(b"{").await.unwrap();
+    let mut chunked = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
+    let head = format!("POST {path} HTTP/1.1\r\nhost: gate\r\ntransfer-encoding: chunked\r\n\r\n");
+    chunked.write_all(head.as_bytes()).await.unwrap();
+    for _ in 0..6 {
+        let chunk = format!("2800\r\n{}\r\n", "x".repeat(10 * 1024));
+        chunked.write_all(chunk.as_bytes()).await.unwrap();
+    }
+    // 124 KiB held once the gate has read both: an 8 KiB delivery does not
+    // fit, is refused, and does not reach the app.
+    let large = |n: usize| {
+        format!(
+            r#"{{"id":"evt_budget{n}","object":"event","pad":"{}"}}"#,
+            "p".repeat(8 * 1024)
+        )
+    };
+    let mut refused = None;
+    for n in 0..100 {
+        let answer = gate.deliver(large(n).as_bytes()).await;
+        if answer.status == 503 {
+            refused = Some((n, answer));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (n, refused) = refused.expect("an 8 KiB delivery refused with 124 KiB of bodies held");
+    assert_eq!(refused.result(), "overloaded");
+    assert_eq!(refused.json()["error"], "overloaded");
+    assert_eq!(refused.headers["retry-after"], "1");
+    let at_app = gate.upstream().received();
+    assert!(
+        at_app
+            .iter()
+            .all(|r| r.body.as_ref() != large(n).as_bytes())
+    );
+    // A small one still fits (4 KiB left).
+    let small = gate.deliver(&stripe_event("evt_budget_small")).await;
+    assert_eq!(small.result(), "forwarded");
+
+    // The two senders leave: their share comes back, and the large
+    // delivery goes through.
+    drop((declared, chunked));
+    let mut answer = gate.deliver(large(n).as_bytes()).await;
+    for _ in 0..100 {
+        if answer.status != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        answer = gate.deliver(large(n).as_bytes()).await;
+    }
+    assert_eq!(answer.result(), "forwarded");
     gate.shutdown().await;
 }

@@ -11,11 +11,17 @@ use crate::tls::TlsFiles;
 
 pub(super) fn server(i: &mut Issues, s: &ServerFile) -> ServerSettings {
     let max_body_bytes = size(i, "server.max_body_bytes", &s.max_body_bytes);
+    let max_body_bytes_in_flight = size(
+        i,
+        "server.max_body_bytes_in_flight",
+        &s.max_body_bytes_in_flight,
+    );
     let max_header_bytes = size(i, "server.max_header_bytes", &s.max_header_bytes);
     let server = ServerSettings {
         listen: addr(i, "server.listen", &s.listen),
         admin_listen: addr(i, "server.admin_listen", &s.admin_listen),
         max_body_bytes,
+        max_body_bytes_in_flight,
         read_timeout: duration(i, "server.read_timeout", &s.read_timeout),
         shutdown_grace: duration(i, "server.shutdown_grace", &s.shutdown_grace),
         client_ip_header: s
@@ -45,6 +51,15 @@ pub(super) fn server(i: &mut Issues, s: &ServerFile) -> ServerSettings {
     }
     if max_body_bytes == 0 {
         i.push("server.max_body_bytes", "must be greater than 0");
+    }
+    if max_body_bytes_in_flight < max_body_bytes {
+        i.push(
+            "server.max_body_bytes_in_flight",
+            format!(
+                "must be at least server.max_body_bytes ({max_body_bytes} bytes), \
+                 or no body that large could ever be read"
+            ),
+        );
     }
     server
 }
