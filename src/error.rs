@@ -124,7 +124,9 @@ impl GateError {
     pub fn side(&self) -> Side {
         match self {
             Self::UpstreamUnreachable(_) | Self::UpstreamTimeout(_) => Side::Upstream,
-            Self::StoreUnavailable(_) | Self::Internal(_) => Side::Internal,
+            // The gate's own memory: bodies held by slow senders, or by
+            // deliveries a slow app or store keeps in flight.
+            Self::Overloaded | Self::StoreUnavailable(_) | Self::Internal(_) => Side::Internal,
             _ => Side::Downstream,
         }
     }

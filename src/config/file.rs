@@ -47,7 +47,8 @@ pub struct ServerFile {
     pub listen: String,
     pub admin_listen: String,
     pub max_body_bytes: SizeFile,
-    pub max_body_bytes_in_flight: SizeFile,
+    /// Unset: 64 MiB, or `max_body_bytes` when that is larger.
+    pub max_body_bytes_in_flight: Option<SizeFile>,
     pub read_timeout: String,
     pub shutdown_grace: String,
     pub client_ip_header: Option<String>,
@@ -85,7 +86,7 @@ impl Default for ServerFile {
             listen: "0.0.0.0:8080".into(),
             admin_listen: "0.0.0.0:9090".into(),
             max_body_bytes: SizeFile::Bytes(1024 * 1024),
-            max_body_bytes_in_flight: SizeFile::Bytes(64 * 1024 * 1024),
+            max_body_bytes_in_flight: None,
             read_timeout: "10s".into(),
             shutdown_grace: "20s".into(),
             client_ip_header: None,

@@ -435,11 +435,26 @@ fn sizes_take_units_and_plain_integers() {
 }
 
 /// The bodies in flight hold at least one body of the largest size; by
-/// default 64 MiB.
+/// default 64 MiB, or one body when that is larger (a config that allowed a
+/// 100 MiB body still starts).
 #[test]
 fn bodies_in_flight_hold_at_least_one_body() {
     let s = load(&figment_from_str(STRIPE)).unwrap();
     assert_eq!(s.server.max_body_bytes_in_flight, 64 * 1024 * 1024);
+    let s = load(&figment_from_str(&format!(
+        "[server]\nmax_body_bytes = \"100MiB\"\n{STRIPE}"
+    )))
+    .unwrap();
+    assert_eq!(s.server.max_body_bytes_in_flight, 100 * 1024 * 1024);
+    let errs = errors(&format!(
+        "[server]\nmax_body_bytes_in_flight = \"lots\"\n{STRIPE}"
+    ));
+    let joined = errors_text(&errs);
+    assert!(
+        joined.contains("server.max_body_bytes_in_flight: is not a size"),
+        "{joined}"
+    );
+    assert!(!joined.contains("must be at least"), "{joined}");
     let s = load(&figment_from_str(&format!(
         "[server]\nmax_body_bytes = \"2MiB\"\nmax_body_bytes_in_flight = \"2MiB\"\n{STRIPE}"
     )))

@@ -3,16 +3,17 @@
 //!
 //! `server.max_body_bytes` bounds one body, and `server.max_connections`
 //! (with 32 streams on an HTTP/2 connection) how many are read at once; by
-//! their defaults that is gigabytes, which a flood of slow, large bodies
-//! could make the gate hold before a signature is checked. A body is
-//! counted from its head (its declared length) or as its bytes come (a
-//! body without one), until its delivery has been answered; one that would
-//! take the total past the budget is refused at once (503 `overloaded`)
-//! rather than queued, since a queue would hold the same memory.
+//! their defaults that is gigabytes, which a flood of large bodies could
+//! make the gate hold before a signature is checked. A body is counted as
+//! its bytes come (a declared length is not reserved: a sender need not
+//! send what it declares), and until the last reference to its bytes is
+//! dropped (`read::unshare`). One that would take the total past the budget
+//! is refused at once (503 `overloaded`) rather than queued, since a queue
+//! would hold the same memory.
 //!
-//! tokio's semaphore does the counting, in KiB: a delivery's permits are
-//! taken without waiting (`try_acquire_many_owned`) and given back when
-//! what holds them is dropped.
+//! tokio's semaphore does the counting, in KiB: a body's permits are taken
+//! without waiting (`try_acquire_many_owned`) and given back when its
+//! `Share` is dropped.
 
 use std::sync::Arc;
 

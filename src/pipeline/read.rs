@@ -2,7 +2,7 @@
 //! `server.read_timeout`. The bytes are kept exactly: they are what is
 //! verified and what is forwarded.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderValue, Uri, header, request};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -11,19 +11,19 @@ use super::budget::{BodyBudget, Share};
 use crate::error::GateError;
 use crate::settings::ServerSettings;
 
-/// A delivery as read: its head and its raw body, both off hyper's buffers,
-/// and the body's share of `server.max_body_bytes_in_flight`, given back
-/// when the delivery is dropped.
+/// A delivery as read: its head and its raw body, both off hyper's buffers.
+/// The buffer that holds them carries the body's share of
+/// `server.max_body_bytes_in_flight` (`unshare`).
 pub struct Request {
     pub head: request::Parts,
     pub body: Bytes,
-    _share: Share,
 }
 
 /// Reads the whole body. A declared length over the limit is refused before
 /// a byte is read; a body that grows past it is cut off as soon as it does.
-/// A body the budget has no room for is refused (`overloaded`) as soon as
-/// it says its length, or as soon as the bytes that came pass the budget.
+/// One the budget has no room for is refused (`overloaded`) as soon as the
+/// bytes that came pass it: a declared length is not reserved, since a
+/// sender need not send what it declares.
 pub async fn read(
     server: &ServerSettings,
     budget: &BodyBudget,
@@ -40,31 +40,45 @@ pub async fn read(
         return Err(GateError::PayloadTooLarge { limit });
     }
     let mut share = Share::default();
-    budget.hold(&mut share, declared.unwrap_or(0))?;
     let read = collect(incoming, limit, budget, &mut share);
-    let body = match tokio::time::timeout(server.read_timeout, read).await {
+    let frames = match tokio::time::timeout(server.read_timeout, read).await {
         Err(_) => return Err(GateError::RequestTimeout),
-        Ok(body) => body?,
+        Ok(frames) => frames?,
     };
-    let body = unshare(&mut head, body);
-    Ok(Request {
-        head,
-        body,
-        _share: share,
-    })
+    let body = unshare(&mut head, frames.iter(), share);
+    Ok(Request { head, body })
 }
 
-/// The body's bytes, at most `limit`, each frame's counted in `share` as
-/// it comes. Trailers (HTTP/2, chunked HTTP/1) are not part of the body. A
-/// body in one frame, as a webhook's nearly always is, is not copied.
+/// A body's frames as they came; nearly always one.
+#[derive(Default)]
+struct Frames {
+    first: Option<Bytes>,
+    rest: Vec<Bytes>,
+}
+
+impl Frames {
+    fn push(&mut self, data: Bytes) {
+        if self.first.is_none() {
+            self.first = Some(data);
+        } else {
+            self.rest.push(data);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Bytes> + Clone {
+        self.first.iter().chain(&self.rest)
+    }
+}
+
+/// The body's frames, at most `limit` bytes, each counted in `share` as it
+/// comes. Trailers (HTTP/2, chunked HTTP/1) are not part of the body.
 async fn collect(
     mut incoming: Incoming,
     limit: u64,
     budget: &BodyBudget,
     share: &mut Share,
-) -> Result<Bytes, GateError> {
-    let mut first: Option<Bytes> = None;
-    let mut joined = BytesMut::new();
+) -> Result<Frames, GateError> {
+    let mut frames = Frames::default();
     let mut total: u64 = 0;
     while let Some(frame) = incoming.frame().await {
         let frame =
@@ -77,16 +91,9 @@ async fn collect(
             return Err(GateError::PayloadTooLarge { limit });
         }
         budget.hold(share, total)?;
-        if first.is_none() && joined.is_empty() {
-            first = Some(data);
-        } else {
-            if let Some(first) = first.take() {
-                joined.extend_from_slice(&first);
-            }
-            joined.extend_from_slice(&data);
-        }
+        frames.push(data);
     }
-    Ok(first.unwrap_or_else(|| joined.freeze()))
+    Ok(frames)
 }
 
 /// Moves the request head and body off hyper's read buffer. hyper parses
@@ -97,7 +104,16 @@ async fn collect(
 /// few hundred bytes of a webhook lets it reuse the first. One allocation
 /// holds them all, so the head's values stay cheap to clone (a reference
 /// count) when the request is forwarded.
-pub fn unshare(head: &mut request::Parts, body: Bytes) -> Bytes {
+///
+/// That allocation owns the body's `share` of the budget: the share is
+/// given back when the last reference to the bytes is dropped, wherever
+/// they went (the request to the app, an outbox job waiting on the store's
+/// thread), not when the delivery's stages end.
+pub fn unshare<'a>(
+    head: &mut request::Parts,
+    body: impl Iterator<Item = &'a Bytes> + Clone,
+    share: Share,
+) -> Bytes {
     let path = head
         .uri
         .path_and_query()
@@ -105,7 +121,8 @@ pub fn unshare(head: &mut request::Parts, body: Bytes) -> Bytes {
         .map(|pq| pq.as_str());
     let head_len: usize = head.headers.values().map(HeaderValue::len).sum();
     let path_len = path.map_or(0, str::len);
-    let mut buf = BytesMut::with_capacity(head_len + path_len + body.len());
+    let body_len: usize = body.clone().map(Bytes::len).sum();
+    let mut buf = Vec::with_capacity(head_len + path_len + body_len);
     for value in head.headers.values() {
         buf.extend_from_slice(value.as_bytes());
     }
@@ -113,8 +130,10 @@ pub fn unshare(head: &mut request::Parts, body: Bytes) -> Bytes {
     if let Some(path) = path {
         buf.extend_from_slice(path.as_bytes());
     }
-    buf.extend_from_slice(&body);
-    let mut owned = buf.freeze();
+    for frame in body {
+        buf.extend_from_slice(frame);
+    }
+    let mut owned = Bytes::from_owner(Owned { buf, _share: share });
     for value in head.headers.values_mut() {
         let copy = owned.split_to(value.len());
         let sensitive = value.is_sensitive();
@@ -128,6 +147,18 @@ pub fn unshare(head: &mut request::Parts, body: Bytes) -> Bytes {
         head.uri = uri;
     }
     owned
+}
+
+/// A request's bytes and the body's share of the budget, freed together.
+struct Owned {
+    buf: Vec<u8>,
+    _share: Share,
+}
+
+impl AsRef<[u8]> for Owned {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
 }
 
 #[cfg(test)]
@@ -151,7 +182,7 @@ mod tests {
         let (mut head, ()) = req.into_parts();
         assert!(inside(head.headers["stripe-signature"].as_bytes().as_ptr()));
 
-        let body = unshare(&mut head, buffer.slice(..6));
+        let body = unshare(&mut head, [buffer.slice(..6)].iter(), Share::default());
 
         let value = &head.headers["stripe-signature"];
         assert_eq!(value.as_bytes(), b"t=1,v1=ab\x80cd");

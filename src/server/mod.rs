@@ -238,7 +238,8 @@ pub async fn serve<F, Fut>(
 /// Requests one HTTP/2 connection may have open at once (hyper's default
 /// is 200). Each holds up to `server.max_body_bytes` while its body is read
 /// and verified, so this is the multiple of that an HTTP/2 client can make
-/// the gate hold on one connection slot, where an HTTP/1 client holds one.
+/// the gate hold on one connection slot, where an HTTP/1 client holds one
+/// (all connections together: `server.max_body_bytes_in_flight`).
 const MAX_STREAMS: u32 = 32;
 
 impl Protocols {

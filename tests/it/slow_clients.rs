@@ -297,26 +297,26 @@ async fn an_http1_client_that_reads_slowly_gets_its_whole_answer() {
 }
 
 /// Bodies being read are held in memory: over every connection together
-/// they may take `server.max_body_bytes_in_flight`. One that declares its
-/// length holds it from its head on, one sent in chunks as they come; a
-/// delivery the budget has no room for is refused at once (503
-/// `overloaded`, `Retry-After`), and the budget comes back when they end.
+/// they may take `server.max_body_bytes_in_flight`, counted as their bytes
+/// come. A delivery the budget has no room for is refused at once (503
+/// `overloaded`, `Retry-After`), and the budget comes back when the
+/// senders leave, not at their read timeout.
 #[tokio::test]
 async fn bodies_in_flight_over_every_connection_are_bounded() {
     use tokio::io::AsyncWriteExt;
     let gate = GateFixture::stripe()
         .server_extra(
-            "max_body_bytes = \"64KiB\"\nmax_body_bytes_in_flight = \"128KiB\"\nread_timeout = \"5s\"",
+            "max_body_bytes = \"64KiB\"\nmax_body_bytes_in_flight = \"128KiB\"\nread_timeout = \"30s\"",
         )
         .start()
         .await;
     let path = gate.path();
-    // One declares 64 KiB and sends a byte of it; the other sends 60 KiB
-    // in chunks, without a length, and does not end its body.
+    // One declares 64 KiB and sends 63 of them; the other sends 60 KiB in
+    // chunks, without a length. Neither ends its body.
     let mut declared = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
     let head = raw_head(&path, "", &[], 64 * 1024);
     declared.write_all(head.as_bytes()).await.unwrap();
-    declared.write_all(b"{").await.unwrap();
+    declared.write_all(&[b' '; 63 * 1024]).await.unwrap();
     let mut chunked = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
     let head = format!("POST {path} HTTP/1.1\r\nhost: gate\r\ntransfer-encoding: chunked\r\n\r\n");
     chunked.write_all(head.as_bytes()).await.unwrap();
@@ -324,24 +324,18 @@ async fn bodies_in_flight_over_every_connection_are_bounded() {
         let chunk = format!("2800\r\n{}\r\n", "x".repeat(10 * 1024));
         chunked.write_all(chunk.as_bytes()).await.unwrap();
     }
-    // 124 KiB held once the gate has read both: an 8 KiB delivery does not
+    // 123 KiB held once the gate has read both: an 8 KiB delivery does not
     // fit, is refused, and does not reach the app.
-    let large = |n: usize| {
-        format!(
-            r#"{{"id":"evt_budget{n}","object":"event","pad":"{}"}}"#,
-            "p".repeat(8 * 1024)
-        )
-    };
     let mut refused = None;
     for n in 0..100 {
-        let answer = gate.deliver(large(n).as_bytes()).await;
+        let answer = gate.deliver(large_event(n, 8).as_bytes()).await;
         if answer.status == 503 {
             refused = Some((n, answer));
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (n, refused) = refused.expect("an 8 KiB delivery refused with 124 KiB of bodies held");
+    let (n, refused) = refused.expect("an 8 KiB delivery refused with 123 KiB of bodies held");
     assert_eq!(refused.result(), "overloaded");
     assert_eq!(refused.json()["error"], "overloaded");
     assert_eq!(refused.headers["retry-after"], "1");
@@ -349,23 +343,58 @@ async fn bodies_in_flight_over_every_connection_are_bounded() {
     assert!(
         at_app
             .iter()
-            .all(|r| r.body.as_ref() != large(n).as_bytes())
+            .all(|r| r.body.as_ref() != large_event(n, 8).as_bytes())
     );
-    // A small one still fits (4 KiB left).
+    // A small one still fits.
     let small = gate.deliver(&stripe_event("evt_budget_small")).await;
     assert_eq!(small.result(), "forwarded");
 
-    // The two senders leave: their share comes back, and the large
-    // delivery goes through.
+    // The two senders leave: their share comes back at once (the read
+    // timeout is 30 s), and the large delivery goes through.
     drop((declared, chunked));
-    let mut answer = gate.deliver(large(n).as_bytes()).await;
-    for _ in 0..100 {
-        if answer.status != 503 {
-            break;
-        }
+    let started = Instant::now();
+    let mut answer = gate.deliver(large_event(n, 8).as_bytes()).await;
+    while answer.status == 503 && started.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        answer = gate.deliver(large(n).as_bytes()).await;
+        answer = gate.deliver(large_event(n, 8).as_bytes()).await;
     }
     assert_eq!(answer.result(), "forwarded");
     gate.shutdown().await;
+}
+
+/// A body stays counted while its bytes are held after the read: here
+/// until the app, which takes 2 s, has answered its delivery.
+#[tokio::test]
+async fn a_body_is_counted_until_its_delivery_is_done() {
+    let gate = GateFixture::stripe()
+        .server_extra("max_body_bytes = \"64KiB\"\nmax_body_bytes_in_flight = \"64KiB\"")
+        .upstream_timeout("5s")
+        .store(StoreConfig::sqlite().lease("8s"))
+        .start()
+        .await;
+    let up = gate.upstream();
+    up.set(Behavior::Stall(Duration::from_secs(2)));
+    let first = large_event(1, 40);
+    let second = large_event(2, 40);
+    let (first_answer, second_answer) = tokio::join!(gate.deliver(first.as_bytes()), async {
+        crate::support::wait::until("the app has the first delivery", || up.count() == 1).await;
+        gate.deliver(second.as_bytes()).await
+    });
+    assert_eq!(first_answer.result(), "forwarded");
+    assert_eq!(
+        second_answer.result(),
+        "overloaded",
+        "40 KiB more while the first 40 KiB waited on the app"
+    );
+    let again = gate.deliver(second.as_bytes()).await;
+    assert_eq!(again.result(), "forwarded", "its share came back");
+    gate.shutdown().await;
+}
+
+/// A Stripe event of about `kib` KiB, with id `evt_budget{n}`.
+fn large_event(n: usize, kib: usize) -> String {
+    format!(
+        r#"{{"id":"evt_budget{n}","object":"event","pad":"{}"}}"#,
+        "p".repeat(kib * 1024)
+    )
 }

@@ -5,23 +5,35 @@ use std::path::PathBuf;
 use http::Uri;
 
 use super::{Issues, addr, duration, header, rate, size};
-use crate::config::file::{ServerFile, UpstreamFile};
+use crate::config::file::{ServerFile, SizeFile, UpstreamFile};
 use crate::settings::{ServerSettings, UpstreamSettings};
 use crate::tls::TlsFiles;
 
+/// `server.max_body_bytes_in_flight` when unset (or `max_body_bytes`, when
+/// that is larger: a config that allowed one large body still does).
+const DEFAULT_BODY_BYTES_IN_FLIGHT: u64 = 64 * 1024 * 1024;
+
+/// Whether a written size is one (`size` reports one that is not).
+fn size_parsed(written: Option<&SizeFile>) -> bool {
+    match written {
+        Some(SizeFile::Text(text)) => crate::config::text::parse_size(text).is_some(),
+        _ => true,
+    }
+}
+
 pub(super) fn server(i: &mut Issues, s: &ServerFile) -> ServerSettings {
     let max_body_bytes = size(i, "server.max_body_bytes", &s.max_body_bytes);
-    let max_body_bytes_in_flight = size(
-        i,
-        "server.max_body_bytes_in_flight",
-        &s.max_body_bytes_in_flight,
-    );
+    let max_body_bytes_in_flight = s
+        .max_body_bytes_in_flight
+        .as_ref()
+        .map(|written| size(i, "server.max_body_bytes_in_flight", written));
     let max_header_bytes = size(i, "server.max_header_bytes", &s.max_header_bytes);
     let server = ServerSettings {
         listen: addr(i, "server.listen", &s.listen),
         admin_listen: addr(i, "server.admin_listen", &s.admin_listen),
         max_body_bytes,
-        max_body_bytes_in_flight,
+        max_body_bytes_in_flight: max_body_bytes_in_flight
+            .unwrap_or(DEFAULT_BODY_BYTES_IN_FLIGHT.max(max_body_bytes)),
         read_timeout: duration(i, "server.read_timeout", &s.read_timeout),
         shutdown_grace: duration(i, "server.shutdown_grace", &s.shutdown_grace),
         client_ip_header: s
@@ -52,7 +64,11 @@ pub(super) fn server(i: &mut Issues, s: &ServerFile) -> ServerSettings {
     if max_body_bytes == 0 {
         i.push("server.max_body_bytes", "must be greater than 0");
     }
-    if max_body_bytes_in_flight < max_body_bytes {
+    // A size that did not parse is reported as such, not compared.
+    if let Some(in_flight) = max_body_bytes_in_flight
+        && in_flight < max_body_bytes
+        && size_parsed(s.max_body_bytes_in_flight.as_ref())
+    {
         i.push(
             "server.max_body_bytes_in_flight",
             format!(
