@@ -4,68 +4,74 @@
 //! `server.max_body_bytes` bounds one body, and `server.max_connections`
 //! (with 32 streams on an HTTP/2 connection) how many are read at once; by
 //! their defaults that is gigabytes, which a flood of large bodies could
-//! make the gate hold before a signature is checked. A body is counted as
-//! its bytes come (a declared length is not reserved: a sender need not
-//! send what it declares), and until the last reference to its bytes is
-//! dropped (`read::unshare`). One that would take the total past the budget
-//! is refused at once (503 `overloaded`) rather than queued, since a queue
-//! would hold the same memory.
+//! make the gate hold before a signature is checked. What a request holds
+//! is counted as its bytes come, by the buffer they are copied into (the
+//! head's values and path with them: `read`), and until the last reference
+//! to that buffer is dropped (`read::unshare`). A declared length is not
+//! reserved: a sender need not send what it declares. One that would take
+//! the total past the budget is refused at once (503 `overloaded`) rather
+//! than queued, since a queue would hold the same memory.
 //!
-//! tokio's semaphore does the counting, in KiB: a body's permits are taken
-//! without waiting (`try_acquire_many_owned`) and given back when its
-//! `Share` is dropped.
+//! A counter, not tokio's semaphore: nothing ever waits for room, and the
+//! semaphore takes its waiters' lock on every release, one more lock that
+//! every core would take for every delivery.
 
 use std::sync::Arc;
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::GateError;
 
 /// The budget shared by every core's deliveries.
 #[derive(Clone, Debug)]
 pub struct BodyBudget {
-    kib: Arc<Semaphore>,
+    used: Arc<AtomicU64>,
+    max: u64,
 }
 
-/// A body's share of the budget, given back when dropped.
+/// A request's share of the budget, given back when dropped.
 #[derive(Debug, Default)]
 pub struct Share {
-    permits: Option<OwnedSemaphorePermit>,
+    taken: Option<(Arc<AtomicU64>, u64)>,
 }
 
 impl BodyBudget {
-    pub fn new(bytes: u64) -> Self {
-        let kib = usize::try_from(bytes.div_ceil(1024))
-            .unwrap_or(usize::MAX)
-            .min(Semaphore::MAX_PERMITS);
+    pub fn new(max: u64) -> Self {
         Self {
-            kib: Arc::new(Semaphore::new(kib)),
+            used: Arc::new(AtomicU64::new(0)),
+            max,
         }
     }
 
-    /// Grows `share` to cover a body of `bytes`, or refuses it (and leaves
-    /// `share` as it was).
+    /// Grows `share` to `bytes`, or refuses (and leaves `share` as it was).
     pub fn hold(&self, share: &mut Share, bytes: u64) -> Result<(), GateError> {
-        let want = bytes.div_ceil(1024);
-        let has = share.permits.as_ref().map_or(0, |p| p.num_permits() as u64);
-        if want <= has {
+        let has = share.taken.as_ref().map_or(0, |(_, n)| *n);
+        let Some(more) = bytes.checked_sub(has).filter(|&more| more > 0) else {
             return Ok(());
-        }
-        let more = u32::try_from(want - has).map_err(|_| GateError::Overloaded)?;
-        let taken = Arc::clone(&self.kib)
-            .try_acquire_many_owned(more)
+        };
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(more).filter(|&total| total <= self.max)
+            })
             .map_err(|_| GateError::Overloaded)?;
-        match &mut share.permits {
-            Some(permits) => permits.merge(taken),
-            None => share.permits = Some(taken),
+        match &mut share.taken {
+            Some((_, n)) => *n = bytes,
+            None => share.taken = Some((Arc::clone(&self.used), bytes)),
         }
         Ok(())
     }
 
-    /// KiB free, for tests.
+    /// Bytes free, for tests.
     #[cfg(test)]
-    fn free(&self) -> usize {
-        self.kib.available_permits()
+    fn free(&self) -> u64 {
+        self.max - self.used.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        if let Some((used, n)) = self.taken.take() {
+            used.fetch_sub(n, Ordering::AcqRel);
+        }
     }
 }
 
@@ -74,36 +80,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bodies_hold_their_share_until_dropped_and_the_rest_is_refused() {
+    fn shares_hold_until_dropped_and_what_does_not_fit_is_refused() {
         let budget = BodyBudget::new(64 * 1024);
         let mut first = Share::default();
         budget.hold(&mut first, 40 * 1024).unwrap();
-        assert_eq!(budget.free(), 24);
+        assert_eq!(budget.free(), 24 * 1024);
         // Growing counts only the difference; a smaller size takes nothing.
-        budget.hold(&mut first, 41 * 1024 - 1).unwrap();
+        budget.hold(&mut first, 41 * 1024).unwrap();
         budget.hold(&mut first, 10).unwrap();
-        assert_eq!(budget.free(), 23);
+        assert_eq!(budget.free(), 23 * 1024);
 
         let mut second = Share::default();
         assert!(matches!(
-            budget.hold(&mut second, 24 * 1024),
+            budget.hold(&mut second, 23 * 1024 + 1),
             Err(GateError::Overloaded)
         ));
-        assert_eq!(budget.free(), 23, "a refused body takes nothing");
-        budget.hold(&mut second, 1).unwrap();
-        assert_eq!(budget.free(), 22, "a byte takes a KiB");
+        assert_eq!(budget.free(), 23 * 1024, "a refused share takes nothing");
+        budget.hold(&mut second, 23 * 1024).unwrap();
+        assert_eq!(budget.free(), 0, "the budget's last byte is usable");
 
         drop(first);
-        assert_eq!(budget.free(), 63);
+        assert_eq!(budget.free(), 41 * 1024);
         drop(second);
-        assert_eq!(budget.free(), 64);
+        assert_eq!(budget.free(), 64 * 1024);
     }
 
     #[test]
-    fn a_budget_past_the_semaphores_range_is_its_largest() {
+    fn sizes_past_the_counter_are_refused_not_wrapped() {
         let budget = BodyBudget::new(u64::MAX);
         let mut share = Share::default();
-        assert!(budget.hold(&mut share, u64::MAX).is_err());
-        budget.hold(&mut share, 1 << 30).unwrap();
+        budget.hold(&mut share, u64::MAX - 1).unwrap();
+        let mut other = Share::default();
+        assert!(budget.hold(&mut other, 2).is_err());
+        budget.hold(&mut other, 1).unwrap();
     }
 }

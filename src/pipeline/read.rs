@@ -40,45 +40,31 @@ pub async fn read(
         return Err(GateError::PayloadTooLarge { limit });
     }
     let mut share = Share::default();
-    let read = collect(incoming, limit, budget, &mut share);
-    let frames = match tokio::time::timeout(server.read_timeout, read).await {
+    let read = collect(&head, incoming, declared, limit, budget, &mut share);
+    let buf = match tokio::time::timeout(server.read_timeout, read).await {
         Err(_) => return Err(GateError::RequestTimeout),
-        Ok(frames) => frames?,
+        Ok(buf) => buf?,
     };
-    let body = unshare(&mut head, frames.iter(), share);
+    let body = unshare(&mut head, buf, share);
     Ok(Request { head, body })
 }
 
-/// A body's frames as they came; nearly always one.
-#[derive(Default)]
-struct Frames {
-    first: Option<Bytes>,
-    rest: Vec<Bytes>,
-}
-
-impl Frames {
-    fn push(&mut self, data: Bytes) {
-        if self.first.is_none() {
-            self.first = Some(data);
-        } else {
-            self.rest.push(data);
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Bytes> + Clone {
-        self.first.iter().chain(&self.rest)
-    }
-}
-
-/// The body's frames, at most `limit` bytes, each counted in `share` as it
-/// comes. Trailers (HTTP/2, chunked HTTP/1) are not part of the body.
+/// The request's bytes as `unshare` takes them: the head's values and path,
+/// then the body's frames, copied as they come (so that no frame holds
+/// hyper's read buffer), at most `limit` bytes of body. The buffer's size
+/// is counted in `share` as it grows. Trailers (HTTP/2, chunked HTTP/1) are
+/// not part of the body.
 async fn collect(
+    head: &request::Parts,
     mut incoming: Incoming,
+    declared: Option<u64>,
     limit: u64,
     budget: &BodyBudget,
     share: &mut Share,
-) -> Result<Frames, GateError> {
-    let mut frames = Frames::default();
+) -> Result<Vec<u8>, GateError> {
+    let mut buf = Vec::new();
+    // Where the body starts in `buf`, and the most it may reach there.
+    let mut ceiling = 0;
     let mut total: u64 = 0;
     while let Some(frame) = incoming.frame().await {
         let frame =
@@ -90,10 +76,60 @@ async fn collect(
         if total > limit {
             return Err(GateError::PayloadTooLarge { limit });
         }
-        budget.hold(share, total)?;
-        frames.push(data);
+        if buf.is_empty() {
+            // The first frame: the head goes in first, with room for this
+            // frame (a webhook's body nearly always is one).
+            buf = start(head, data.len());
+            let most = usize::try_from(declared.unwrap_or(limit)).unwrap_or(usize::MAX);
+            ceiling = buf.len().saturating_add(most);
+        } else {
+            grow(&mut buf, data.len(), ceiling);
+        }
+        budget.hold(share, buf.capacity() as u64)?;
+        buf.extend_from_slice(&data);
     }
-    Ok(frames)
+    if buf.is_empty() {
+        buf = start(head, 0);
+        budget.hold(share, buf.capacity() as u64)?;
+    }
+    Ok(buf)
+}
+
+/// Room in `buf` for `more` bytes: doubled, as a vector grows (a body in
+/// many frames is not copied over and over), but not past `ceiling`, the
+/// most the body may reach (its declared length, or the limit), so that
+/// what the budget counts stays near what came.
+fn grow(buf: &mut Vec<u8>, more: usize, ceiling: usize) {
+    if buf.capacity() - buf.len() >= more {
+        return;
+    }
+    let needed = buf.len() + more;
+    let target = buf.capacity().saturating_mul(2).min(ceiling).max(needed);
+    buf.reserve_exact(target - buf.len());
+}
+
+/// A buffer holding the head's values and its path (`unshare`'s order),
+/// with room for `body` bytes more.
+fn start(head: &request::Parts, body: usize) -> Vec<u8> {
+    let path = own_path(head);
+    let head_len: usize = head.headers.values().map(HeaderValue::len).sum();
+    let mut buf = Vec::with_capacity(head_len + path.map_or(0, str::len) + body);
+    for value in head.headers.values() {
+        buf.extend_from_slice(value.as_bytes());
+    }
+    if let Some(path) = path {
+        buf.extend_from_slice(path.as_bytes());
+    }
+    buf
+}
+
+/// The path (with its query) that `unshare` moves, if it is one: not an
+/// absolute-form target's.
+fn own_path(head: &request::Parts) -> Option<&str> {
+    head.uri
+        .path_and_query()
+        .filter(|_| head.uri.authority().is_none())
+        .map(|pq| pq.as_str())
 }
 
 /// Moves the request head and body off hyper's read buffer. hyper parses
@@ -102,37 +138,17 @@ async fn collect(
 /// delivery they keep it alive, so that hyper's next read into it (the next
 /// request's head, or HTTP/2's next frames) allocates another. Copying the
 /// few hundred bytes of a webhook lets it reuse the first. One allocation
-/// holds them all, so the head's values stay cheap to clone (a reference
-/// count) when the request is forwarded.
+/// holds them all (`buf`, as `start` began it, then the body), so the
+/// head's values stay cheap to clone (a reference count) when the request
+/// is forwarded; the body is what follows them.
 ///
-/// That allocation owns the body's `share` of the budget: the share is
+/// That allocation owns the request's `share` of the budget: the share is
 /// given back when the last reference to the bytes is dropped, wherever
 /// they went (the request to the app, an outbox job waiting on the store's
 /// thread), not when the delivery's stages end.
-pub fn unshare<'a>(
-    head: &mut request::Parts,
-    body: impl Iterator<Item = &'a Bytes> + Clone,
-    share: Share,
-) -> Bytes {
-    let path = head
-        .uri
-        .path_and_query()
-        .filter(|_| head.uri.authority().is_none())
-        .map(|pq| pq.as_str());
-    let head_len: usize = head.headers.values().map(HeaderValue::len).sum();
-    let path_len = path.map_or(0, str::len);
-    let body_len: usize = body.clone().map(Bytes::len).sum();
-    let mut buf = Vec::with_capacity(head_len + path_len + body_len);
-    for value in head.headers.values() {
-        buf.extend_from_slice(value.as_bytes());
-    }
-    let has_path = path.is_some();
-    if let Some(path) = path {
-        buf.extend_from_slice(path.as_bytes());
-    }
-    for frame in body {
-        buf.extend_from_slice(frame);
-    }
+pub fn unshare(head: &mut request::Parts, buf: Vec<u8>, share: Share) -> Bytes {
+    let path_len = own_path(head).map_or(0, str::len);
+    let has_path = own_path(head).is_some();
     let mut owned = Bytes::from_owner(Owned { buf, _share: share });
     for value in head.headers.values_mut() {
         let copy = owned.split_to(value.len());
@@ -182,7 +198,9 @@ mod tests {
         let (mut head, ()) = req.into_parts();
         assert!(inside(head.headers["stripe-signature"].as_bytes().as_ptr()));
 
-        let body = unshare(&mut head, [buffer.slice(..6)].iter(), Share::default());
+        let mut buf = start(&head, 6);
+        buf.extend_from_slice(&buffer[..6]);
+        let body = unshare(&mut head, buf, Share::default());
 
         let value = &head.headers["stripe-signature"];
         assert_eq!(value.as_bytes(), b"t=1,v1=ab\x80cd");

@@ -306,36 +306,47 @@ async fn bodies_in_flight_over_every_connection_are_bounded() {
     use tokio::io::AsyncWriteExt;
     let gate = GateFixture::stripe()
         .server_extra(
-            "max_body_bytes = \"64KiB\"\nmax_body_bytes_in_flight = \"128KiB\"\nread_timeout = \"30s\"",
+            "max_body_bytes = \"64KiB\"\nmax_body_bytes_in_flight = \"136KiB\"\nread_timeout = \"30s\"",
         )
         .start()
         .await;
     let path = gate.path();
-    // One declares 64 KiB and sends 63 of them; the other sends 60 KiB in
-    // chunks, without a length. Neither ends its body.
+    // Each sends a byte less than 64 KiB and does not end its body: one
+    // declared 64 KiB, the other sends chunks without a length.
     let mut declared = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
     let head = raw_head(&path, "", &[], 64 * 1024);
     declared.write_all(head.as_bytes()).await.unwrap();
-    declared.write_all(&[b' '; 63 * 1024]).await.unwrap();
+    declared.write_all(&[b' '; 64 * 1024 - 1]).await.unwrap();
     let mut chunked = tokio::net::TcpStream::connect(gate.addr).await.unwrap();
     let head = format!("POST {path} HTTP/1.1\r\nhost: gate\r\ntransfer-encoding: chunked\r\n\r\n");
     chunked.write_all(head.as_bytes()).await.unwrap();
-    for _ in 0..6 {
-        let chunk = format!("2800\r\n{}\r\n", "x".repeat(10 * 1024));
+    for size in [16 * 1024, 16 * 1024, 16 * 1024, 16 * 1024 - 1] {
+        let chunk = format!("{size:x}\r\n{}\r\n", "x".repeat(size));
         chunked.write_all(chunk.as_bytes()).await.unwrap();
     }
-    // 123 KiB held once the gate has read both: an 8 KiB delivery does not
-    // fit, is refused, and does not reach the app.
+    // 128 KiB held once the gate has read both (their heads with them): a
+    // 16 KiB delivery does not fit, is refused, and does not reach the app.
+    // The gate is given time to read both first: a delivery read meanwhile
+    // could take the room one of them needs, which would then be refused.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let mut refused = None;
-    for n in 0..100 {
-        let answer = gate.deliver(large_event(n, 8).as_bytes()).await;
+    for n in 0..10 {
+        let answer = gate.deliver(large_event(n, 16).as_bytes()).await;
         if answer.status == 503 {
             refused = Some((n, answer));
             break;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let (n, refused) = refused.expect("an 8 KiB delivery refused with 123 KiB of bodies held");
+    for (name, sender) in [("declared", &declared), ("chunked", &chunked)] {
+        let mut answer = [0; 64];
+        let answered = sender.try_read(&mut answer);
+        assert!(
+            matches!(&answered, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "the {name} sender was answered: {answered:?}"
+        );
+    }
+    let (n, refused) = refused.expect("a 16 KiB delivery refused with 128 KiB of bodies held");
     assert_eq!(refused.result(), "overloaded");
     assert_eq!(refused.json()["error"], "overloaded");
     assert_eq!(refused.headers["retry-after"], "1");
@@ -343,7 +354,7 @@ async fn bodies_in_flight_over_every_connection_are_bounded() {
     assert!(
         at_app
             .iter()
-            .all(|r| r.body.as_ref() != large_event(n, 8).as_bytes())
+            .all(|r| r.body.as_ref() != large_event(n, 16).as_bytes())
     );
     // A small one still fits.
     let small = gate.deliver(&stripe_event("evt_budget_small")).await;
@@ -353,27 +364,27 @@ async fn bodies_in_flight_over_every_connection_are_bounded() {
     // timeout is 30 s), and the large delivery goes through.
     drop((declared, chunked));
     let started = Instant::now();
-    let mut answer = gate.deliver(large_event(n, 8).as_bytes()).await;
+    let mut answer = gate.deliver(large_event(n, 16).as_bytes()).await;
     while answer.status == 503 && started.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        answer = gate.deliver(large_event(n, 8).as_bytes()).await;
+        answer = gate.deliver(large_event(n, 16).as_bytes()).await;
     }
     assert_eq!(answer.result(), "forwarded");
     gate.shutdown().await;
 }
 
 /// A body stays counted while its bytes are held after the read: here
-/// until the app, which takes 2 s, has answered its delivery.
+/// until the app, which takes 5 s, has answered its delivery.
 #[tokio::test]
 async fn a_body_is_counted_until_its_delivery_is_done() {
     let gate = GateFixture::stripe()
         .server_extra("max_body_bytes = \"64KiB\"\nmax_body_bytes_in_flight = \"64KiB\"")
-        .upstream_timeout("5s")
-        .store(StoreConfig::sqlite().lease("8s"))
+        .upstream_timeout("8s")
+        .store(StoreConfig::sqlite().lease("12s"))
         .start()
         .await;
     let up = gate.upstream();
-    up.set(Behavior::Stall(Duration::from_secs(2)));
+    up.set(Behavior::Stall(Duration::from_secs(5)));
     let first = large_event(1, 40);
     let second = large_event(2, 40);
     let (first_answer, second_answer) = tokio::join!(gate.deliver(first.as_bytes()), async {
