@@ -78,42 +78,47 @@ async fn collect(
         }
         if buf.is_empty() {
             // The first frame: the head goes in first, with room for this
-            // frame (a webhook's body nearly always is one).
+            // frame (a webhook's body nearly always is one). Counted
+            // before it is allocated.
+            let head_len = head_bytes(head);
+            budget.hold(share, (head_len + data.len()) as u64)?;
             buf = start(head, data.len());
             let most = usize::try_from(declared.unwrap_or(limit)).unwrap_or(usize::MAX);
-            ceiling = buf.len().saturating_add(most);
-        } else {
-            grow(&mut buf, data.len(), ceiling);
+            ceiling = head_len.saturating_add(most);
+        } else if let Some(room) = grown(buf.len(), buf.capacity(), data.len(), ceiling) {
+            budget.hold(share, room as u64)?;
+            buf.reserve_exact(room - buf.len());
         }
-        budget.hold(share, buf.capacity() as u64)?;
         buf.extend_from_slice(&data);
     }
     if buf.is_empty() {
+        budget.hold(share, head_bytes(head) as u64)?;
         buf = start(head, 0);
-        budget.hold(share, buf.capacity() as u64)?;
     }
     Ok(buf)
 }
 
-/// Room in `buf` for `more` bytes: doubled, as a vector grows (a body in
-/// many frames is not copied over and over), but not past `ceiling`, the
-/// most the body may reach (its declared length, or the limit), so that
-/// what the budget counts stays near what came.
-fn grow(buf: &mut Vec<u8>, more: usize, ceiling: usize) {
-    if buf.capacity() - buf.len() >= more {
-        return;
-    }
-    let needed = buf.len() + more;
-    let target = buf.capacity().saturating_mul(2).min(ceiling).max(needed);
-    buf.reserve_exact(target - buf.len());
+/// The capacity a buffer of `len` bytes in `capacity` needs for `more`
+/// bytes, if it has too little: doubled, as a vector grows (a body in many
+/// frames is not copied over and over), but not past `ceiling`, the most
+/// the head and body may reach (the body's declared length, or the limit),
+/// so that what the budget counts stays near what came.
+fn grown(len: usize, capacity: usize, more: usize, ceiling: usize) -> Option<usize> {
+    let needed = len + more;
+    (needed > capacity).then(|| capacity.saturating_mul(2).min(ceiling).max(needed))
+}
+
+/// How many bytes `start` copies: the head's values and its path.
+fn head_bytes(head: &request::Parts) -> usize {
+    let values: usize = head.headers.values().map(HeaderValue::len).sum();
+    values + own_path(head).map_or(0, str::len)
 }
 
 /// A buffer holding the head's values and its path (`unshare`'s order),
 /// with room for `body` bytes more.
 fn start(head: &request::Parts, body: usize) -> Vec<u8> {
     let path = own_path(head);
-    let head_len: usize = head.headers.values().map(HeaderValue::len).sum();
-    let mut buf = Vec::with_capacity(head_len + path.map_or(0, str::len) + body);
+    let mut buf = Vec::with_capacity(head_bytes(head) + body);
     for value in head.headers.values() {
         buf.extend_from_slice(value.as_bytes());
     }
@@ -180,6 +185,47 @@ impl AsRef<[u8]> for Owned {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_buffer_grows_by_doubling_up_to_the_most_the_body_may_reach() {
+        assert_eq!(grown(10, 16, 6, 100), None, "room enough");
+        assert_eq!(grown(10, 16, 7, 100), Some(32));
+        assert_eq!(grown(60, 64, 30, 100), Some(100), "not past the ceiling");
+        assert_eq!(grown(10, 16, 50, 100), Some(60), "at least what is needed");
+        assert_eq!(
+            grown(usize::MAX / 2 + 1, usize::MAX / 2 + 1, 1, usize::MAX),
+            Some(usize::MAX)
+        );
+    }
+
+    /// Several values, one name twice, an empty body: each value, the path
+    /// and the body come back as they were, from one buffer.
+    #[test]
+    fn unshare_splits_every_value_in_order() {
+        let req = http::Request::post("/hooks/x?a=1")
+            .header("x-one", "first")
+            .header("x-two", "second")
+            .header("x-one", "again")
+            .body(())
+            .unwrap();
+        let (mut head, ()) = req.into_parts();
+        let before: Vec<_> = head
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let buf = start(&head, 0);
+        assert_eq!(buf.len(), head_bytes(&head));
+        let body = unshare(&mut head, buf, Share::default());
+        assert!(body.is_empty());
+        let after: Vec<_> = head
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(after, before);
+        assert_eq!(head.uri, "/hooks/x?a=1");
+    }
 
     #[test]
     fn unshare_keeps_every_byte_but_not_the_buffer() {
