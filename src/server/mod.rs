@@ -82,6 +82,10 @@ const UNSENT_BYTES: u32 = 128 * 1024;
 /// cut. Boxed, since the timer it holds is not `Unpin`; one allocation per
 /// connection, none per request.
 fn send_timeout(stream: TcpStream, limit: Duration) -> Pin<Box<TimeoutWriter<TcpStream>>> {
+    // Linux's option (the image's and the chart's target). Elsewhere the
+    // kernel's send buffer alone bounds what is queued. A refusal leaves
+    // the write timeout whole, only judged against a larger queue.
+    #[cfg(any(target_os = "linux", target_os = "android"))]
     let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT_BYTES);
     let mut stream = TimeoutWriter::new(stream);
     stream.set_timeout(Some(limit));
