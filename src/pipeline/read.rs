@@ -12,8 +12,9 @@ use crate::error::GateError;
 use crate::settings::ServerSettings;
 
 /// A delivery as read: its head and its raw body, both off hyper's buffers.
-/// The buffer that holds them carries the body's share of
-/// `server.max_body_bytes_in_flight` (`unshare`).
+/// The buffer that holds them (the head's values and path, then the body)
+/// carries the request's share of `server.max_body_bytes_in_flight`
+/// (`unshare`).
 pub struct Request {
     pub head: request::Parts,
     pub body: Bytes,
@@ -63,7 +64,7 @@ async fn collect(
     share: &mut Share,
 ) -> Result<Vec<u8>, GateError> {
     let mut buf = Vec::new();
-    // Where the body starts in `buf`, and the most it may reach there.
+    // The most the head and the body together may reach in `buf`.
     let mut ceiling = 0;
     let mut total: u64 = 0;
     while let Some(frame) = incoming.frame().await {
@@ -82,7 +83,7 @@ async fn collect(
             // before it is allocated.
             let head_len = head_bytes(head);
             budget.hold(share, (head_len + data.len()) as u64)?;
-            buf = start(head, data.len());
+            buf = start(head, head_len + data.len());
             let most = usize::try_from(declared.unwrap_or(limit)).unwrap_or(usize::MAX);
             ceiling = head_len.saturating_add(most);
         } else if let Some(room) = grown(buf.len(), buf.capacity(), data.len(), ceiling) {
@@ -92,8 +93,9 @@ async fn collect(
         buf.extend_from_slice(&data);
     }
     if buf.is_empty() {
-        budget.hold(share, head_bytes(head) as u64)?;
-        buf = start(head, 0);
+        let head_len = head_bytes(head);
+        budget.hold(share, head_len as u64)?;
+        buf = start(head, head_len);
     }
     Ok(buf)
 }
@@ -114,15 +116,14 @@ fn head_bytes(head: &request::Parts) -> usize {
     values + own_path(head).map_or(0, str::len)
 }
 
-/// A buffer holding the head's values and its path (`unshare`'s order),
-/// with room for `body` bytes more.
-fn start(head: &request::Parts, body: usize) -> Vec<u8> {
-    let path = own_path(head);
-    let mut buf = Vec::with_capacity(head_bytes(head) + body);
+/// A buffer of `capacity` bytes (as counted) holding the head's values and
+/// its path (`unshare`'s order), the body to follow.
+fn start(head: &request::Parts, capacity: usize) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(capacity);
     for value in head.headers.values() {
         buf.extend_from_slice(value.as_bytes());
     }
-    if let Some(path) = path {
+    if let Some(path) = own_path(head) {
         buf.extend_from_slice(path.as_bytes());
     }
     buf
@@ -152,8 +153,7 @@ fn own_path(head: &request::Parts) -> Option<&str> {
 /// they went (the request to the app, an outbox job waiting on the store's
 /// thread), not when the delivery's stages end.
 pub fn unshare(head: &mut request::Parts, buf: Vec<u8>, share: Share) -> Bytes {
-    let path_len = own_path(head).map_or(0, str::len);
-    let has_path = own_path(head).is_some();
+    let path_len = own_path(head).map(str::len);
     let mut owned = Bytes::from_owner(Owned { buf, _share: share });
     for value in head.headers.values_mut() {
         let copy = owned.split_to(value.len());
@@ -163,8 +163,9 @@ pub fn unshare(head: &mut request::Parts, buf: Vec<u8>, share: Share) -> Bytes {
             *value = copied;
         }
     }
-    let path_copy = owned.split_to(path_len);
-    if has_path && let Ok(uri) = Uri::from_maybe_shared(path_copy) {
+    if let Some(len) = path_len
+        && let Ok(uri) = Uri::from_maybe_shared(owned.split_to(len))
+    {
         head.uri = uri;
     }
     owned
@@ -214,8 +215,9 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let buf = start(&head, 0);
+        let buf = start(&head, head_bytes(&head));
         assert_eq!(buf.len(), head_bytes(&head));
+        assert_eq!(buf.capacity(), buf.len(), "no more than is counted");
         let body = unshare(&mut head, buf, Share::default());
         assert!(body.is_empty());
         let after: Vec<_> = head
@@ -244,7 +246,7 @@ mod tests {
         let (mut head, ()) = req.into_parts();
         assert!(inside(head.headers["stripe-signature"].as_bytes().as_ptr()));
 
-        let mut buf = start(&head, 6);
+        let mut buf = start(&head, head_bytes(&head) + 6);
         buf.extend_from_slice(&buffer[..6]);
         let body = unshare(&mut head, buf, Share::default());
 
