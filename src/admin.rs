@@ -1,7 +1,10 @@
 //! The admin listener: `/healthz` (the process runs), `/readyz` (the store
 //! answers), `/metrics`, and queue mode's `GET /queue` and
-//! `POST /queue/replay`. What changes state requires `server.admin_token`
-//! as a bearer token and answers 401 without it (or when none is set).
+//! `POST /queue/replay`. The queue's endpoints require `server.admin_token`
+//! as a bearer token and answer 401 without it (or when none is set): a
+//! replay changes state, and a listing shows event ids and the app's
+//! errors. The probes and `/metrics` stay open, as the kubelet and a
+//! Prometheus scrape expect.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -36,22 +39,19 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<ProxyBo
                 text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
             }
         },
+        (_, "/queue" | "/queue/replay") if !authorized(&gate, &req) => json(
+            StatusCode::UNAUTHORIZED,
+            serde_json::json!({"error": "unauthorized",
+                "message": "This endpoint needs server.admin_token as a bearer token."}),
+        ),
         (&Method::GET, "/queue") => list(&gate, &req).await,
-        (&Method::POST, "/queue/replay") => {
-            if !authorized(&gate, &req) {
-                return json(
-                    StatusCode::UNAUTHORIZED,
-                    serde_json::json!({"error": "unauthorized",
-                        "message": "This endpoint needs server.admin_token as a bearer token."}),
-                );
-            }
-            replay(&gate, &req).await
-        }
+        (&Method::POST, "/queue/replay") => replay(&gate, &req).await,
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 
-/// The bearer token matches `server.admin_token` (constant time).
+/// The bearer token matches `server.admin_token` (constant time). The
+/// scheme's name is case-insensitive (RFC 9110, section 11.1).
 fn authorized(gate: &Gate, req: &Request<Incoming>) -> bool {
     let Some(token) = &gate.admin_token else {
         return false;
@@ -59,7 +59,7 @@ fn authorized(gate: &Gate, req: &Request<Incoming>) -> bool {
     let Some(given) = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .and_then(|v| bearer(v.as_bytes()))
     else {
         return false;
     };
@@ -67,6 +67,14 @@ fn authorized(gate: &Gate, req: &Request<Incoming>) -> bool {
         .active(SystemTime::now())
         .iter()
         .any(|secret| bool::from(secret.value.expose().ct_eq(given)))
+}
+
+/// The credentials of a `Bearer` authorization.
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, credentials) = value.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then_some(credentials)
 }
 
 fn query(req: &Request<Incoming>) -> Vec<(String, String)> {
@@ -172,4 +180,18 @@ fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
         header::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn a_bearer_scheme_is_matched_in_any_case() {
+        assert_eq!(bearer(b"Bearer s3cret"), Some(&b"s3cret"[..]));
+        assert_eq!(bearer(b"bEARER s3cret"), Some(&b"s3cret"[..]));
+        assert_eq!(bearer(b"Basic czNjcmV0"), None);
+        assert_eq!(bearer(b"Bearer"), None);
+        assert_eq!(bearer(b"Bearers3cret"), None);
+    }
 }

@@ -306,27 +306,34 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
         .start()
         .await;
     assert_eq!(gate.deliver(&stripe_event("evt_adm")).await.status, 202);
-    let listed = poll(
-        || gate.admin("/queue?state=dead"),
-        |l| l.json()["jobs"].as_array().is_some_and(|j| !j.is_empty()),
-    )
-    .await;
-    assert_eq!(listed.status, 200);
-    let job = &listed.json()["jobs"][0];
-    assert_eq!(job["key"], "evt_adm");
-    assert_eq!(job["state"], "dead");
-    assert_eq!(job["last_status"], 404);
-
-    let replay = |auth: Option<&'static str>| {
+    let admin = |method: Method, path: &'static str, auth: Option<&'static str>| {
         let headers: Vec<(String, String)> = auth
             .map(|a| vec![("authorization".to_owned(), a.to_owned())])
             .unwrap_or_default();
         let addr = gate.admin_addr;
-        async move {
-            crate::support::gate::send(addr, Method::POST, "/queue/replay?dead=true", &headers, "")
-                .await
-        }
+        async move { crate::support::gate::send(addr, method, path, &headers, "").await }
     };
+    let list = |auth| admin(Method::GET, "/queue?state=dead", auth);
+    let listed = poll(
+        || list(Some("bearer adm1n-t0ken-do-not-log")),
+        |l| l.json()["jobs"].as_array().is_some_and(|j| !j.is_empty()),
+    )
+    .await;
+    assert_eq!(listed.status, 200, "the scheme's name in any case");
+    let job = &listed.json()["jobs"][0];
+    assert_eq!(job["key"], "evt_adm");
+    assert_eq!(job["state"], "dead");
+    assert_eq!(job["last_status"], 404);
+    for auth in [None, Some("Bearer wrong"), Some("adm1n-t0ken-do-not-log")] {
+        let refused = list(auth).await;
+        assert_eq!(refused.status, 401, "{auth:?}");
+        assert!(
+            !String::from_utf8_lossy(&refused.body).contains("evt_adm"),
+            "no event ids without the token"
+        );
+    }
+
+    let replay = |auth| admin(Method::POST, "/queue/replay?dead=true", auth);
     assert_eq!(replay(None).await.status, 401);
     assert_eq!(replay(Some("Bearer wrong")).await.status, 401);
     let refused = replay(Some("Bearer wrong")).await;
