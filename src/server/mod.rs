@@ -2,6 +2,7 @@
 //! graceful shutdown.
 
 mod idle;
+mod send;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -20,10 +21,10 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
-use tokio_io_timeout::TimeoutWriter;
 use tokio_rustls::TlsAcceptor;
 
 use self::idle::{Counting, Streams};
+use self::send::Sending;
 use crate::body::{BoxError, ProxyBody};
 
 /// Limits applied to every connection.
@@ -62,34 +63,6 @@ impl ConnLimits {
             .saturating_mul(stalled)
             .min(Duration::from_secs(24 * 3600))
     }
-}
-
-/// The most of an answer a connection's socket holds unsent
-/// (`TCP_NOTSENT_LOWAT`): the kernel takes more only as the client reads.
-/// A write that waits is then one that waits on the client, not on a send
-/// buffer the kernel grew to megabytes, and a connection dropped for it
-/// leaves at most this much queued in the kernel (with what the client's
-/// window allowed out). Webhook answers are far smaller.
-const UNSENT_BYTES: u32 = 128 * 1024;
-
-/// A connection's socket, under TLS if any, whose writes fail (`TimedOut`)
-/// once one has waited `limit` for the client to take more of its answer
-/// (`UNSENT_BYTES`); hyper then drops the connection. hyper's HTTP/1
-/// server has no write timeout, so without this a client that asks for a
-/// large answer and reads none of it would hold its connection slot, and
-/// the answer, for as long as TCP keeps the connection. It is judged per
-/// write, not per answer, as nginx's `send_timeout`: a slow reader is not
-/// cut. Boxed, since the timer it holds is not `Unpin`; one allocation per
-/// connection, none per request.
-fn send_timeout(stream: TcpStream, limit: Duration) -> Pin<Box<TimeoutWriter<TcpStream>>> {
-    // Linux's option (the image's and the chart's target). Elsewhere the
-    // kernel's send buffer alone bounds what is queued. A refusal leaves
-    // the write timeout whole, only judged against a larger queue.
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT_BYTES);
-    let mut stream = TimeoutWriter::new(stream);
-    stream.set_timeout(Some(limit));
-    Box::pin(stream)
 }
 
 /// Who is on the other end of a connection.
@@ -201,7 +174,7 @@ pub async fn serve<F, Fut>(
                                 },
                                 _ = stopping.wait_for(|stop| *stop) => return Ok(()),
                             };
-                            let io = TokioIo::new(send_timeout(stream, limits.send_timeout()));
+                            let io = TokioIo::new(Sending::new(stream, limits.send_timeout()));
                             protocols.serve(io, http1, service, watcher, stopping).await
                         });
                     }
@@ -211,7 +184,7 @@ pub async fn serve<F, Fut>(
                         spawn_connection(peer, slot, async move {
                             // A client that never finishes the handshake is
                             // cut off like one that never sends its head.
-                            let stream = send_timeout(stream, limits.send_timeout());
+                            let stream = Sending::new(stream, limits.send_timeout());
                             let accepted =
                                 tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await;
                             let stream = match accepted {
