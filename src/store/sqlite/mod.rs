@@ -442,7 +442,9 @@ impl Backend for SqliteStore {
         self.run_here_when_alone(move |c| {
             if !c.is_autocommit() {
                 // Inside the store thread's batch: its BEGIN IMMEDIATE
-                // already holds the write lock.
+                // already holds the write lock, and `claim_in` writes in
+                // one statement, its last, so the batch needs no savepoint
+                // for it (`StoreThread::run_here_when_alone`).
                 return claim_in(c, &key, &fingerprint, lease);
             }
             // IMMEDIATE takes the write lock before the read, so two

@@ -8,8 +8,9 @@
 //!
 //! Group commit: when jobs are waiting, the thread runs up to `MAX_BATCH` of
 //! them in one write transaction, each inside a savepoint of its own (a job
-//! that fails or panics rolls back to its savepoint only), and answers them
-//! once the transaction has committed. One WAL append and one lock round
+//! that fails or panics rolls back to its savepoint only) unless it writes
+//! nothing but on success (`Job::atomic`), and answers them once the
+//! transaction has committed. One WAL append and one lock round
 //! then serve the batch; a job alone still runs in its own transaction.
 //!
 //! At a low rate there is no batch to gather, and the thread's wake-up is
@@ -50,6 +51,12 @@ trait Job: Send {
     /// done; else whether it succeeded (its savepoint is kept).
     fn run(&mut self, conn: &mut Connection) -> Option<bool>;
 
+    /// Whether the job writes nothing unless it succeeds (one statement:
+    /// SQLite undoes a statement that fails), so that inside a batch it
+    /// needs no savepoint of its own. The jobs `run_here_when_alone` takes
+    /// are such jobs already, since a core may have to give one up.
+    fn atomic(&self) -> bool;
+
     /// Hands the job back to its caller, once its transaction's fate is
     /// known.
     fn answer(self: Box<Self>, committed: Result<(), &StoreError>, batched: Batched);
@@ -63,6 +70,7 @@ struct Operation<F, T> {
     caller: Option<oneshot::Sender<Box<Self>>>,
     /// The caller's core's, if the caller runs on a core.
     inbox: Option<Arc<Inbox>>,
+    atomic: bool,
 }
 
 impl<F, T> Job for Operation<F, T>
@@ -87,6 +95,10 @@ where
         let ok = result.is_ok();
         self.result = Some(result);
         Some(ok)
+    }
+
+    fn atomic(&self) -> bool {
+        self.atomic
     }
 
     fn answer(mut self: Box<Self>, committed: Result<(), &StoreError>, Batched(batched): Batched) {
@@ -186,6 +198,10 @@ impl StoreThread {
     /// core's thread with it, where on the store's thread the delivery
     /// would have been answered 503 at the store's timeout. The other
     /// cores find the connection locked meanwhile and queue.
+    ///
+    /// Queued, such a job runs inside the store's batch without a savepoint
+    /// of its own (`Job::atomic`): there (`is_autocommit` false) it must
+    /// write in one statement at most.
     pub(super) async fn run_here_when_alone<T: Send + 'static>(
         &self,
         mut f: impl FnMut(&mut Connection) -> Result<T> + Send + 'static,
@@ -207,7 +223,7 @@ impl StoreThread {
                 }
             }
         }
-        self.run(f).await
+        self.queue(f, true).await
     }
 
     /// Runs `f` with the connection on the store's thread and returns its
@@ -222,12 +238,22 @@ impl StoreThread {
         &self,
         f: impl FnMut(&mut Connection) -> Result<T> + Send + 'static,
     ) -> Result<T> {
+        self.queue(f, false).await
+    }
+
+    /// `run`, for a job that is `atomic` (`Job::atomic`) or not.
+    async fn queue<T: Send + 'static>(
+        &self,
+        f: impl FnMut(&mut Connection) -> Result<T> + Send + 'static,
+        atomic: bool,
+    ) -> Result<T> {
         let (caller, answered) = oneshot::channel();
         let job = Box::new(Operation {
             f,
             result: None,
             caller: Some(caller),
             inbox: crate::cores::inbox(),
+            atomic,
         });
         self.thread.send(job).await.map_err(|_| stopped())?;
         let done = answered.await.map_err(|_| stopped())?;
@@ -293,6 +319,27 @@ fn run_batch(conn: &mut Connection, batch: Vec<Box<dyn Job>>) {
     let mut ran = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
     while let Some(mut job) = jobs.next() {
+        if job.atomic() {
+            // Nothing to roll back if it fails: SQLite undoes a failed
+            // statement, or the whole transaction (checked below).
+            let before = conn.total_changes();
+            let Some(ok) = job.run(conn) else {
+                continue;
+            };
+            ran.push(job);
+            // One that wrote, then failed, broke its rule: what it wrote
+            // cannot be undone alone, so the whole batch is (`finish`).
+            let broke_the_rule = !ok && conn.total_changes() != before;
+            if broke_the_rule {
+                tracing::error!("sqlite store: a job wrote and then failed; its batch is undone");
+            }
+            if broke_the_rule || conn.is_autocommit() {
+                let rest: Vec<Box<dyn Job>> = jobs.collect();
+                rolled_back(conn, ran, rest);
+                return;
+            }
+            continue;
+        }
         if let Err(e) = fixed(conn, "SAVEPOINT job") {
             // Answered below as part of the failed transaction; the job
             // itself waits for the next batch.
@@ -313,19 +360,22 @@ fn run_batch(conn: &mut Connection, batch: Vec<Box<dyn Job>>) {
         };
         ran.push(job);
         if kept.is_err() || conn.is_autocommit() {
-            // SQLite rolled the whole transaction back (a full disk, an I/O
-            // error): what ran so far is lost and says so; the rest of the
-            // batch runs afresh.
             let rest: Vec<Box<dyn Job>> = jobs.collect();
-            let lost = StoreError::Unavailable("the transaction was rolled back".into());
-            finish(conn, ran, Some(lost));
-            if !rest.is_empty() {
-                run_batch(conn, rest);
-            }
+            rolled_back(conn, ran, rest);
             return;
         }
     }
     finish(conn, ran, None);
+}
+
+/// SQLite rolled the whole transaction back (a full disk, an I/O error):
+/// what ran so far is lost and says so; the rest of the batch runs afresh.
+fn rolled_back(conn: &mut Connection, ran: Vec<Box<dyn Job>>, rest: Vec<Box<dyn Job>>) {
+    let lost = StoreError::Unavailable("the transaction was rolled back".into());
+    finish(conn, ran, Some(lost));
+    if !rest.is_empty() {
+        run_batch(conn, rest);
+    }
 }
 
 /// Runs one of the batch's fixed statements from the connection's
@@ -598,6 +648,84 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(rows, [1, 2, 4, 5]);
+    }
+
+    /// Runs `jobs` as one batch on a table `t (n)` where 3 is refused, and
+    /// answers what each job was answered and the rows committed.
+    async fn atomic_batch(
+        jobs: impl Fn(&mut Connection, i64) -> Result<bool> + Send + Sync + Copy + 'static,
+    ) -> (Vec<Result<bool>>, Vec<i64>) {
+        let thread = Arc::new(in_memory("sqlite-t-atomic", idle_chore()));
+        thread
+            .run(|c| Ok(c.execute_batch("CREATE TABLE t (n INTEGER CHECK (n <> 3))")?))
+            .await
+            .unwrap();
+        let (release, blocker) = hold(&thread);
+        let inserts: Vec<_> = (1..=5)
+            .map(|n: i64| {
+                let thread = Arc::clone(&thread);
+                tokio::spawn(async move { thread.queue(move |c| jobs(c, n), true).await })
+            })
+            .collect();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        release.send(()).unwrap();
+        // The blocker may share the batch, and its fate: not asserted.
+        let _ = blocker.await.unwrap();
+        let mut answers = Vec::new();
+        for insert in inserts {
+            answers.push(insert.await.unwrap());
+        }
+        let rows: Vec<i64> = thread
+            .run(|c| {
+                let mut stmt = c.prepare("SELECT n FROM t ORDER BY n")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .await
+            .unwrap();
+        (answers, rows)
+    }
+
+    /// Atomic jobs in a batch run without savepoints: one whose statement
+    /// fails leaves nothing (SQLite undoes the statement), and the others
+    /// commit together.
+    #[tokio::test]
+    async fn atomic_jobs_in_a_batch_need_no_savepoint() {
+        let (answers, rows) = atomic_batch(|c, n| {
+            let in_batch = !c.is_autocommit();
+            c.execute("INSERT INTO t VALUES (?1)", [n])?;
+            Ok(in_batch)
+        })
+        .await;
+        for (n, answer) in (1..).zip(&answers) {
+            match answer {
+                Ok(in_batch) => assert!(*in_batch && n != 3, "job {n} ran alone"),
+                Err(e) => assert!(n == 3 && e.to_string().contains("CHECK"), "job {n}: {e}"),
+            }
+        }
+        assert_eq!(rows, [1, 2, 4, 5]);
+    }
+
+    /// An atomic job that breaks its rule, writes and then fails, has no
+    /// savepoint to undo its write alone: the whole batch is undone and
+    /// answered so, rather than its write committed with the others.
+    #[tokio::test]
+    async fn an_atomic_job_that_wrote_and_failed_undoes_its_batch() {
+        let (answers, rows) = atomic_batch(|c, n| {
+            c.execute("INSERT INTO t VALUES (?1)", [n + 10])?;
+            if n == 5 {
+                return Err(StoreError::Corrupt("five".into()));
+            }
+            Ok(true)
+        })
+        .await;
+        for (n, answer) in (1..).zip(&answers) {
+            let e = answer.as_ref().expect_err("every job is undone");
+            assert!(e.to_string().contains("rolled back"), "job {n}: {e}");
+        }
+        assert_eq!(rows, Vec::<i64>::new());
     }
 
     #[tokio::test]
