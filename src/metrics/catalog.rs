@@ -7,7 +7,7 @@
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use super::labels::{Labels, Value};
+use super::labels::{Key, Value};
 
 /// How an export builds and records a metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,9 +83,9 @@ impl<K> Metric<K> {
     }
 
     /// The label set for these values, given in the order of the names.
-    pub fn labels<const N: usize>(&self, values: [Value<'_>; N]) -> Labels {
+    pub fn labels<'a, const N: usize>(&self, values: [Value<'a>; N]) -> Key<'a> {
         debug_assert_eq!(N, self.descriptor.labels.len(), "{}", self.descriptor.name);
-        Labels::new(self.descriptor.labels, values)
+        Key::new(self.descriptor.labels, values)
     }
 }
 

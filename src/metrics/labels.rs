@@ -1,6 +1,7 @@
-//! Label sets, built once per call of `Metrics` and shared by the metrics
-//! it records and by both exports. A code is kept as the `&'static str` it
-//! is; only a configured name is copied, once.
+//! Label sets. A call of `Metrics` builds a [`Key`], borrowed, shared by
+//! the metrics it records and by both exports; a series kept past the call
+//! holds [`Labels`], in which a code is kept as the `&'static str` it is and
+//! only a configured name is copied.
 
 use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
@@ -17,6 +18,70 @@ pub(super) enum Value<'a> {
     Name(&'a str),
     /// A position in a configured list, spelled in decimal.
     Index(usize),
+}
+
+/// A label set as a call gives it: nothing copied.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Key<'a> {
+    names: &'static [&'static str],
+    /// The values of `names`, then padding.
+    values: [Value<'a>; MAX_LABELS],
+}
+
+impl<'a> Key<'a> {
+    /// Built by `Metric::labels`, which takes the names from the catalog.
+    pub(super) fn new<const N: usize>(
+        names: &'static [&'static str],
+        values: [Value<'a>; N],
+    ) -> Self {
+        const { assert!(N <= MAX_LABELS, "raise MAX_LABELS") };
+        let mut padded = [Value::Code(""); MAX_LABELS];
+        padded[..N].copy_from_slice(&values);
+        Self {
+            names,
+            values: padded,
+        }
+    }
+
+    /// For a metric without labels.
+    pub fn none() -> Self {
+        Self::new(&[], [])
+    }
+
+    pub fn names(&self) -> &'static [&'static str] {
+        self.names
+    }
+
+    /// The set to keep past the call: a name is copied.
+    pub fn to_labels(self) -> Labels {
+        Labels {
+            names: self.names,
+            values: self.values.map(Value::to_static),
+        }
+    }
+
+    /// Whether `labels` holds these values (both of one metric).
+    pub fn matches(&self, labels: &Labels) -> bool {
+        self.values
+            .iter()
+            .zip(&labels.values)
+            .take(self.names.len())
+            .all(|(value, kept)| value.is(kept))
+    }
+}
+
+impl Value<'_> {
+    /// Whether `kept` spells this value.
+    fn is(self, kept: &str) -> bool {
+        match self {
+            // Mostly the same literal: equal without reading it.
+            Self::Code(code) => {
+                code.len() == kept.len() && (code.as_ptr() == kept.as_ptr() || code == kept)
+            }
+            Self::Name(name) => name == kept,
+            Self::Index(_) => self.to_static() == kept,
+        }
+    }
 }
 
 /// The first indexes, which need no copy.
@@ -54,29 +119,9 @@ pub(super) struct Labels {
 }
 
 impl Labels {
-    /// Built by `Metric::labels`, which takes the names from the catalog.
-    pub(super) fn new<const N: usize>(
-        names: &'static [&'static str],
-        values: [Value<'_>; N],
-    ) -> Self {
-        const { assert!(N <= MAX_LABELS, "raise MAX_LABELS") };
-        let mut kept = [const { Cow::Borrowed("") }; MAX_LABELS];
-        for (slot, value) in kept.iter_mut().zip(values) {
-            *slot = value.to_static();
-        }
-        Self {
-            names,
-            values: kept,
-        }
-    }
-
     /// For a metric without labels.
     pub fn none() -> Self {
-        Self::new(&[], [])
-    }
-
-    pub fn names(&self) -> &'static [&'static str] {
-        self.names
+        Key::none().to_labels()
     }
 
     /// The values, padded to [`MAX_LABELS`]: only the first `names().len()`
@@ -136,9 +181,33 @@ mod tests {
 
     #[test]
     fn a_set_pairs_each_name_with_its_value() {
-        let labels = Labels::new(&["provider", "secret"], [Value::Name("x"), Value::Index(1)]);
+        let key = Key::new(&["provider", "secret"], [Value::Name("x"), Value::Index(1)]);
+        let labels = key.to_labels();
         let pairs: Vec<_> = labels.iter().collect();
         assert_eq!(pairs, [("provider", "x"), ("secret", "1")]);
         assert_eq!(Labels::none().iter().count(), 0);
+    }
+
+    #[test]
+    fn a_key_matches_the_labels_that_spell_its_values() {
+        const NAMES: &[&str] = &["provider", "outcome"];
+        let kept = Key::new(NAMES, [Value::Name("stripe"), Value::Code("forwarded")]).to_labels();
+        let stripe = String::from("stripe");
+        let outcome = String::from("forwarded");
+        let copy = Value::Code(Box::leak(outcome.into_boxed_str()));
+        assert!(Key::new(NAMES, [Value::Name(&stripe), Value::Code("forwarded")]).matches(&kept));
+        assert!(
+            Key::new(NAMES, [Value::Name(&stripe), copy]).matches(&kept),
+            "by value"
+        );
+        assert!(!Key::new(NAMES, [Value::Name("github"), Value::Code("forwarded")]).matches(&kept));
+        assert!(!Key::new(NAMES, [Value::Name(&stripe), Value::Code("duplicate")]).matches(&kept));
+        let secrets = Key::new(
+            &["provider", "secret"],
+            [Value::Name("x"), Value::Index(12)],
+        );
+        assert!(secrets.matches(&secrets.to_labels()));
+        let other = Key::new(&["provider", "secret"], [Value::Name("x"), Value::Index(1)]);
+        assert!(!other.matches(&secrets.to_labels()));
     }
 }

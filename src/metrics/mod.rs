@@ -19,7 +19,7 @@ use crate::store::PartitionHealth;
 
 // Every declared metric, by name: a new one needs no import.
 use self::catalog::*;
-use self::labels::{Labels, Value};
+use self::labels::{Key, Value};
 pub(crate) use self::otlp::ExportClient;
 use self::otlp::Otlp;
 pub use self::otlp::OtlpError;
@@ -30,7 +30,7 @@ use self::prometheus::Prometheus;
 trait Recorder: Send + Sync {
     /// Records measurements of metrics that share one label set, built
     /// once for all of them and for both exports.
-    fn record(&self, labels: &Labels, measurements: &[Measurement]);
+    fn record(&self, labels: &Key<'_>, measurements: &[Measurement]);
 }
 
 /// Every instrument the gate records into.
@@ -131,7 +131,7 @@ impl Metrics {
             .last_maintenance
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok());
         self.record(
-            &Labels::none(),
+            &Key::none(),
             &[
                 POSTGRES_ESTIMATED_ROWS.set(health.estimated_rows),
                 POSTGRES_OLDEST_PARTITION_AGE.set(seconds(health.oldest_partition_age)),
@@ -153,7 +153,7 @@ impl Metrics {
         }
     }
 
-    fn record(&self, labels: &Labels, measurements: &[Measurement]) {
+    fn record(&self, labels: &Key<'_>, measurements: &[Measurement]) {
         // A label set shared by two metrics must suit both.
         debug_assert!(
             measurements

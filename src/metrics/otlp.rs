@@ -31,7 +31,7 @@ use tokio::runtime::Handle;
 
 use super::Recorder;
 use super::catalog::{ALL, Descriptor, Kind, Measurement};
-use super::labels::Labels;
+use super::labels::Key;
 use crate::settings::OtlpSettings;
 
 /// The most of a collector's answer read (it is only checked for success).
@@ -130,8 +130,9 @@ fn described<'a, T>(
 }
 
 impl Recorder for Otlp {
-    fn record(&self, labels: &Labels, measurements: &[Measurement]) {
+    fn record(&self, labels: &Key<'_>, measurements: &[Measurement]) {
         let names = labels.names();
+        let labels = labels.to_labels();
         let attribute = |i: usize, value: &Cow<'static, str>| {
             KeyValue::new(names.get(i).copied().unwrap_or(""), value.clone())
         };

@@ -5,6 +5,16 @@
 //! the unmaintained `prometheus` crate and its maintainers recommend OTLP
 //! instead), so OTLP export (`otlp.rs`) uses the OpenTelemetry SDK and the
 //! scrape endpoint uses this.
+//!
+//! A series is found in its family once per thread, then kept in the
+//! thread's own list (`HOT`): a family finds a series by hashing its label
+//! set (SipHash, with the provider's name copied into it) behind a lock
+//! that every core takes, for each of the half-dozen measurements of a
+//! delivery. prometheus-client offers no handle cheaper to reach than
+//! that, and a series' handle records into the family's own series.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -15,14 +25,42 @@ use prometheus_client::registry::{Metric, Registry};
 
 use super::Recorder;
 use super::catalog::{ALL, Descriptor, Kind, Measurement};
-use super::labels::Labels;
+use super::labels::{Key, Labels};
 
 /// The instruments behind `/metrics`.
 pub struct Prometheus {
     registry: Registry,
     /// One per entry of the catalog, at its `index`.
     instruments: Vec<Instrument>,
+    /// Tells this registry's series in `HOT` from another's (a test runs
+    /// many gates in one process).
+    id: usize,
 }
+
+/// The series a thread recorded into lately, at most `HOT_SERIES`.
+struct Hot {
+    prometheus: usize,
+    metric: usize,
+    labels: Labels,
+    series: Series,
+}
+
+/// A handle to one series of a family: it shares the family's counts.
+enum Series {
+    Counter(Counter),
+    Histogram(Histogram),
+    Gauge(Gauge),
+}
+
+/// More than a gate's hot series (its providers' outcomes, its store's
+/// operations); when full, the list starts over.
+const HOT_SERIES: usize = 128;
+
+thread_local! {
+    static HOT: RefCell<Vec<Hot>> = const { RefCell::new(Vec::new()) };
+}
+
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
 /// A family of series, one per label set recorded. A metric without labels
 /// has its one series from the start, so it reads 0 until recorded.
@@ -67,6 +105,7 @@ impl Prometheus {
         Self {
             registry,
             instruments,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -80,6 +119,15 @@ impl Prometheus {
 }
 
 impl Instrument {
+    /// The series for `labels`, made if it is new.
+    fn series(&self, labels: &Labels) -> Series {
+        match self {
+            Self::Counter(family) => Series::Counter(family.get_or_create_owned(labels)),
+            Self::Histogram(family) => Series::Histogram(family.get_or_create_owned(labels)),
+            Self::Gauge(family) => Series::Gauge(family.get_or_create_owned(labels)),
+        }
+    }
+
     fn register(registry: &mut Registry, metric: &Descriptor) -> Self {
         match metric.kind {
             Kind::Counter => Self::Counter(register(registry, metric, Family::default())),
@@ -115,22 +163,47 @@ where
 }
 
 impl Recorder for Prometheus {
-    fn record(&self, labels: &Labels, measurements: &[Measurement]) {
-        for measurement in measurements {
-            match (measurement, &self.instruments[measurement.metric().index]) {
-                (Measurement::Add(_, n), Instrument::Counter(family)) => {
-                    family.get_or_create(labels).inc_by(*n);
+    fn record(&self, labels: &Key<'_>, measurements: &[Measurement]) {
+        HOT.with_borrow_mut(|hot| {
+            for measurement in measurements {
+                let metric = measurement.metric().index;
+                let kept = hot.iter().find(|h| {
+                    h.metric == metric && h.prometheus == self.id && labels.matches(&h.labels)
+                });
+                if let Some(kept) = kept {
+                    kept.series.record(measurement);
+                    continue;
                 }
-                (Measurement::Observe(_, value), Instrument::Histogram(family)) => {
-                    family.get_or_create(labels).observe(*value);
+                let owned = labels.to_labels();
+                let series = self.instruments[metric].series(&owned);
+                series.record(measurement);
+                if hot.len() == HOT_SERIES {
+                    hot.clear();
                 }
-                (Measurement::Set(_, value), Instrument::Gauge(family)) => {
-                    family
-                        .get_or_create(labels)
-                        .set(i64::try_from(*value).unwrap_or(i64::MAX));
-                }
-                _ => unreachable!("{measurement:?}: the catalog types each metric by its kind"),
+                hot.push(Hot {
+                    prometheus: self.id,
+                    metric,
+                    labels: owned,
+                    series,
+                });
             }
+        });
+    }
+}
+
+impl Series {
+    fn record(&self, measurement: &Measurement) {
+        match (measurement, self) {
+            (Measurement::Add(_, n), Self::Counter(counter)) => {
+                counter.inc_by(*n);
+            }
+            (Measurement::Observe(_, value), Self::Histogram(histogram)) => {
+                histogram.observe(*value);
+            }
+            (Measurement::Set(_, value), Self::Gauge(gauge)) => {
+                gauge.set(i64::try_from(*value).unwrap_or(i64::MAX));
+            }
+            _ => unreachable!("{measurement:?}: the catalog types each metric by its kind"),
         }
     }
 }
@@ -161,6 +234,60 @@ mod tests {
             "hookgate_store_operation_duration_seconds_count{backend=\"sqlite\",operation=\"claim\"} 1",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    /// Recorded again from the thread's list, a series counts on in its
+    /// family; another registry on the same thread keeps counts of its own.
+    #[test]
+    fn a_kept_series_counts_into_its_own_registry() {
+        let (first, second) = (Metrics::default(), Metrics::default());
+        let provider = String::from("stripe");
+        for _ in 0..3 {
+            first.delivery(&provider, "forwarded", Duration::from_millis(3));
+        }
+        second.delivery("stripe", "forwarded", Duration::from_millis(3));
+        first.delivery("stripe", "duplicate", Duration::from_millis(3));
+        let (first, second) = (first.encode(), second.encode());
+        for (text, line) in [
+            (
+                &first,
+                "deliveries_total{provider=\"stripe\",outcome=\"forwarded\"} 3",
+            ),
+            (
+                &first,
+                "deliveries_total{provider=\"stripe\",outcome=\"duplicate\"} 1",
+            ),
+            (
+                &first,
+                "duration_seconds_count{provider=\"stripe\",outcome=\"forwarded\"} 3",
+            ),
+            (
+                &second,
+                "deliveries_total{provider=\"stripe\",outcome=\"forwarded\"} 1",
+            ),
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+        assert!(!second.contains("duplicate"), "{second}");
+    }
+
+    /// Past `HOT_SERIES` the thread's list starts over; nothing is lost.
+    #[test]
+    fn more_series_than_a_thread_keeps_are_all_counted() {
+        let m = Metrics::default();
+        let names: Vec<String> = (0..super::HOT_SERIES + 10)
+            .map(|i| format!("p{i}"))
+            .collect();
+        for _ in 0..2 {
+            for name in &names {
+                m.upstream(name, Duration::from_millis(1));
+            }
+        }
+        let text = m.encode();
+        for name in &names {
+            let line = format!("upstream_duration_seconds_count{{provider=\"{name}\"}} 2");
+            assert!(text.contains(&line), "missing {line}");
         }
     }
 }
