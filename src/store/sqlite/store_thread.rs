@@ -601,29 +601,24 @@ mod tests {
         assert_eq!(*dropped.lock().unwrap(), vec![caller; 4]);
     }
 
-    #[tokio::test]
-    async fn queued_jobs_commit_together_and_a_failing_one_rolls_back_alone() {
+    /// Runs five jobs, `jobs(connection, n)` for n in 1..=5, as one batch
+    /// on a table `t (n)` made by `table`, queued as `atomic` or not; answers
+    /// what each job was answered and the rows committed.
+    async fn batch(
+        table: &'static str,
+        atomic: bool,
+        jobs: impl Fn(&mut Connection, i64) -> Result<bool> + Send + Sync + Copy + 'static,
+    ) -> (Vec<Result<bool>>, Vec<i64>) {
         let thread = Arc::new(in_memory("sqlite-t-batch", idle_chore()));
         thread
-            .run(|c| Ok(c.execute_batch("CREATE TABLE t (n INTEGER)")?))
+            .run(move |c| Ok(c.execute_batch(table)?))
             .await
             .unwrap();
         let (release, blocker) = hold(&thread);
-        let inserts: Vec<_> = (1..=5)
+        let queued: Vec<_> = (1..=5)
             .map(|n: i64| {
                 let thread = Arc::clone(&thread);
-                tokio::spawn(async move {
-                    thread
-                        .run(move |c| {
-                            let in_batch = !c.is_autocommit();
-                            c.execute("INSERT INTO t VALUES (?1)", [n])?;
-                            if n == 3 {
-                                return Err(StoreError::Corrupt("three".into()));
-                            }
-                            Ok(in_batch)
-                        })
-                        .await
-                })
+                tokio::spawn(async move { thread.queue(move |c| jobs(c, n), atomic).await })
             })
             .collect();
         // A current-thread runtime: a few yields let every task send its job.
@@ -631,51 +626,11 @@ mod tests {
             tokio::task::yield_now().await;
         }
         release.send(()).unwrap();
-        blocker.await.unwrap().unwrap();
-
-        for (n, insert) in (1..=5).zip(inserts) {
-            match insert.await.unwrap() {
-                Ok(in_batch) => assert!(in_batch && n != 3, "job {n} ran alone"),
-                Err(e) => assert_eq!((n, e.to_string().contains("three")), (3, true)),
-            }
-        }
-        let rows: Vec<i64> = thread
-            .run(|c| {
-                let mut stmt = c.prepare("SELECT n FROM t ORDER BY n")?;
-                let rows = stmt.query_map([], |r| r.get(0))?;
-                Ok(rows.collect::<Result<_, _>>()?)
-            })
-            .await
-            .unwrap();
-        assert_eq!(rows, [1, 2, 4, 5]);
-    }
-
-    /// Runs `jobs` as one batch on a table `t (n)` where 3 is refused, and
-    /// answers what each job was answered and the rows committed.
-    async fn atomic_batch(
-        jobs: impl Fn(&mut Connection, i64) -> Result<bool> + Send + Sync + Copy + 'static,
-    ) -> (Vec<Result<bool>>, Vec<i64>) {
-        let thread = Arc::new(in_memory("sqlite-t-atomic", idle_chore()));
-        thread
-            .run(|c| Ok(c.execute_batch("CREATE TABLE t (n INTEGER CHECK (n <> 3))")?))
-            .await
-            .unwrap();
-        let (release, blocker) = hold(&thread);
-        let inserts: Vec<_> = (1..=5)
-            .map(|n: i64| {
-                let thread = Arc::clone(&thread);
-                tokio::spawn(async move { thread.queue(move |c| jobs(c, n), true).await })
-            })
-            .collect();
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        release.send(()).unwrap();
         // The blocker may share the batch, and its fate: not asserted.
         let _ = blocker.await.unwrap();
         let mut answers = Vec::new();
-        for insert in inserts {
-            answers.push(insert.await.unwrap());
+        for job in queued {
+            answers.push(job.await.unwrap());
         }
         let rows: Vec<i64> = thread
             .run(|c| {
@@ -688,12 +643,35 @@ mod tests {
         (answers, rows)
     }
 
+    #[tokio::test]
+    async fn queued_jobs_commit_together_and_a_failing_one_rolls_back_alone() {
+        let (answers, rows) = batch("CREATE TABLE t (n INTEGER)", false, |c, n| {
+            let in_batch = !c.is_autocommit();
+            c.execute("INSERT INTO t VALUES (?1)", [n])?;
+            if n == 3 {
+                return Err(StoreError::Corrupt("three".into()));
+            }
+            Ok(in_batch)
+        })
+        .await;
+        for (n, answer) in (1..).zip(&answers) {
+            match answer {
+                Ok(in_batch) => assert!(*in_batch && n != 3, "job {n} ran alone"),
+                Err(e) => assert_eq!((n, e.to_string().contains("three")), (3, true)),
+            }
+        }
+        assert_eq!(rows, [1, 2, 4, 5]);
+    }
+
+    /// A table where 3 is refused.
+    const CHECKED: &str = "CREATE TABLE t (n INTEGER CHECK (n <> 3))";
+
     /// Atomic jobs in a batch run without savepoints: one whose statement
     /// fails leaves nothing (SQLite undoes the statement), and the others
     /// commit together.
     #[tokio::test]
     async fn atomic_jobs_in_a_batch_need_no_savepoint() {
-        let (answers, rows) = atomic_batch(|c, n| {
+        let (answers, rows) = batch(CHECKED, true, |c, n| {
             let in_batch = !c.is_autocommit();
             c.execute("INSERT INTO t VALUES (?1)", [n])?;
             Ok(in_batch)
@@ -713,7 +691,7 @@ mod tests {
     /// answered so, rather than its write committed with the others.
     #[tokio::test]
     async fn an_atomic_job_that_wrote_and_failed_undoes_its_batch() {
-        let (answers, rows) = atomic_batch(|c, n| {
+        let (answers, rows) = batch(CHECKED, true, |c, n| {
             c.execute("INSERT INTO t VALUES (?1)", [n + 10])?;
             if n == 5 {
                 return Err(StoreError::Corrupt("five".into()));
