@@ -62,13 +62,29 @@ impl<'a> Key<'a> {
 
     /// Whether `labels` holds these values (both of one metric).
     pub fn matches(&self, labels: &Labels) -> bool {
-        self.values
+        self.values()
             .iter()
             .zip(&labels.values)
-            .take(self.names.len())
             .all(|(value, kept)| value.is(kept))
     }
+
+    fn values(&self) -> &[Value<'a>] {
+        &self.values[..self.names.len()]
+    }
 }
+
+/// Hashed as [`Labels`] with the same values is, so that a set kept past a
+/// call can be found by a key.
+impl Hash for Key<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        for value in self.values() {
+            value.spelled(|spelled| spelled.hash(state));
+        }
+    }
+}
+
+/// The first indexes, which need no copy.
+const INDEXES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
 
 impl Value<'_> {
     /// Whether `kept` spells this value.
@@ -78,16 +94,19 @@ impl Value<'_> {
             Self::Code(code) => {
                 code.len() == kept.len() && (code.as_ptr() == kept.as_ptr() || code == kept)
             }
-            Self::Name(name) => name == kept,
-            Self::Index(_) => self.to_static() == kept,
+            _ => self.spelled(|spelled| spelled == kept),
         }
     }
-}
 
-/// The first indexes, which need no copy.
-const INDEXES: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    /// `f` of the value as the exports spell it, without a copy.
+    fn spelled<R>(self, f: impl FnOnce(&str) -> R) -> R {
+        match self {
+            Self::Code(code) => f(code),
+            Self::Name(name) => f(name),
+            Self::Index(index) => f(itoa::Buffer::new().format(index)),
+        }
+    }
 
-impl Value<'_> {
     /// The value to keep past the call: codes and the first indexes are not
     /// copied.
     #[inline]
@@ -209,5 +228,30 @@ mod tests {
         assert!(secrets.matches(&secrets.to_labels()));
         let other = Key::new(&["provider", "secret"], [Value::Name("x"), Value::Index(1)]);
         assert!(!other.matches(&secrets.to_labels()));
+    }
+
+    #[test]
+    fn a_key_hashes_as_the_labels_it_matches() {
+        use std::hash::BuildHasher;
+        let hasher = std::hash::RandomState::new();
+        let keys = [
+            Key::new(
+                &["provider", "outcome"],
+                [Value::Name("stripe"), Value::Code("forwarded")],
+            ),
+            Key::new(&["provider", "secret"], [Value::Name("x"), Value::Index(3)]),
+            Key::new(
+                &["provider", "secret"],
+                [Value::Name("x"), Value::Index(12)],
+            ),
+            Key::none(),
+        ];
+        for key in keys {
+            assert_eq!(
+                hasher.hash_one(key),
+                hasher.hash_one(key.to_labels()),
+                "{key:?}"
+            );
+        }
     }
 }

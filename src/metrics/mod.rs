@@ -28,8 +28,8 @@ use self::prometheus::Prometheus;
 /// What every export records. Each builds one instrument per entry of
 /// [`catalog::ALL`] and finds it by the descriptor's `index`.
 trait Recorder: Send + Sync {
-    /// Records measurements of metrics that share one label set, built
-    /// once for all of them and for both exports.
+    /// Records measurements of metrics that share one label set, given
+    /// once for all of them, borrowed: an export copies what it keeps.
     fn record(&self, labels: &Key<'_>, measurements: &[Measurement]);
 }
 

@@ -7,14 +7,20 @@
 //! scrape endpoint uses this.
 //!
 //! A series is found in its family once per thread, then kept in the
-//! thread's own list (`HOT`): a family finds a series by hashing its label
-//! set (SipHash, with the provider's name copied into it) behind a lock
-//! that every core takes, for each of the half-dozen measurements of a
-//! delivery. prometheus-client offers no handle cheaper to reach than
-//! that, and a series' handle records into the family's own series.
+//! thread's own map (`HOT`), found there by the call's borrowed label set:
+//! a family finds a series by hashing an owned label set (SipHash, with
+//! the provider's name copied into it) behind a lock that every core
+//! takes, for each of the half-dozen measurements of a delivery.
+//! prometheus-client offers no handle cheaper to reach than that, and a
+//! series' handle records into the family's own series. The gate never
+//! removes a series from a family (a handle kept here would go on counting
+//! into one that `/metrics` no longer shows).
 
 use std::cell::RefCell;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use hashbrown::{Equivalent, HashMap};
 
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -37,12 +43,50 @@ pub struct Prometheus {
     id: usize,
 }
 
-/// The series a thread recorded into lately, at most `HOT_SERIES`.
-struct Hot {
-    prometheus: usize,
+/// Where a thread keeps a series it recorded into: by registry, metric
+/// and labels.
+struct Place {
+    registry: usize,
     metric: usize,
     labels: Labels,
-    series: Series,
+}
+
+/// A place as a call looks for it: its labels borrowed, not copied.
+struct Wanted<'k, 'a> {
+    registry: usize,
+    metric: usize,
+    labels: &'k Key<'a>,
+}
+
+impl Hash for Place {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self.registry, self.metric).hash(state);
+        self.labels.hash(state);
+    }
+}
+
+impl PartialEq for Place {
+    fn eq(&self, other: &Self) -> bool {
+        (self.registry, self.metric) == (other.registry, other.metric)
+            && self.labels == other.labels
+    }
+}
+
+impl Eq for Place {}
+
+/// Hashed as the `Place` it is equivalent to (`Key` hashes as `Labels`).
+impl Hash for Wanted<'_, '_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        (self.registry, self.metric).hash(state);
+        self.labels.hash(state);
+    }
+}
+
+impl Equivalent<Place> for Wanted<'_, '_> {
+    fn equivalent(&self, place: &Place) -> bool {
+        (self.registry, self.metric) == (place.registry, place.metric)
+            && self.labels.matches(&place.labels)
+    }
 }
 
 /// A handle to one series of a family: it shares the family's counts.
@@ -52,12 +96,13 @@ enum Series {
     Gauge(Gauge),
 }
 
-/// More than a gate's hot series (its providers' outcomes, its store's
-/// operations); when full, the list starts over.
-const HOT_SERIES: usize = 128;
+/// Far more than a gate's series (each provider's outcomes, secrets and
+/// queue states, the store's operations): a bound for the registries that
+/// a process has dropped (tests), whose series the map then forgets.
+const HOT_SERIES: usize = 4096;
 
 thread_local! {
-    static HOT: RefCell<Vec<Hot>> = const { RefCell::new(Vec::new()) };
+    static HOT: RefCell<HashMap<Place, Series>> = RefCell::new(HashMap::new());
 }
 
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
@@ -167,25 +212,27 @@ impl Recorder for Prometheus {
         HOT.with_borrow_mut(|hot| {
             for measurement in measurements {
                 let metric = measurement.metric().index;
-                let kept = hot.iter().find(|h| {
-                    h.metric == metric && h.prometheus == self.id && labels.matches(&h.labels)
-                });
-                if let Some(kept) = kept {
-                    kept.series.record(measurement);
+                let wanted = Wanted {
+                    registry: self.id,
+                    metric,
+                    labels,
+                };
+                if let Some(series) = hot.get(&wanted) {
+                    series.record(measurement);
                     continue;
                 }
-                let owned = labels.to_labels();
-                let series = self.instruments[metric].series(&owned);
+                let labels = labels.to_labels();
+                let series = self.instruments[metric].series(&labels);
                 series.record(measurement);
                 if hot.len() == HOT_SERIES {
                     hot.clear();
                 }
-                hot.push(Hot {
-                    prometheus: self.id,
+                let place = Place {
+                    registry: self.id,
                     metric,
-                    labels: owned,
-                    series,
-                });
+                    labels,
+                };
+                hot.insert(place, series);
             }
         });
     }
@@ -237,7 +284,7 @@ mod tests {
         }
     }
 
-    /// Recorded again from the thread's list, a series counts on in its
+    /// Recorded again from the thread's map, a series counts on in its
     /// family; another registry on the same thread keeps counts of its own.
     #[test]
     fn a_kept_series_counts_into_its_own_registry() {
@@ -272,7 +319,7 @@ mod tests {
         assert!(!second.contains("duplicate"), "{second}");
     }
 
-    /// Past `HOT_SERIES` the thread's list starts over; nothing is lost.
+    /// Past `HOT_SERIES` the thread's map starts over; nothing is lost.
     #[test]
     fn more_series_than_a_thread_keeps_are_all_counted() {
         let m = Metrics::default();
@@ -285,9 +332,10 @@ mod tests {
             }
         }
         let text = m.encode();
+        let lines: std::collections::HashSet<&str> = text.lines().collect();
         for name in &names {
-            let line = format!("upstream_duration_seconds_count{{provider=\"{name}\"}} 2");
-            assert!(text.contains(&line), "missing {line}");
+            let line = format!("hookgate_upstream_duration_seconds_count{{provider=\"{name}\"}} 2");
+            assert!(lines.contains(line.as_str()), "missing {line}");
         }
     }
 }
