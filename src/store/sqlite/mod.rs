@@ -195,7 +195,8 @@ impl SqliteStore {
 
     /// `run`, or on the caller's core when it has nothing else to do
     /// (`StoreThread::run_here_when_alone`): for the jobs on a delivery's
-    /// path, each one statement or one transaction.
+    /// path, each one statement, or one transaction of its own when not
+    /// inside the store thread's batch (`is_autocommit`).
     async fn run_here_when_alone<T: Send + 'static>(
         &self,
         f: impl FnMut(&mut Connection) -> Result<T> + Send + 'static,
