@@ -12,6 +12,7 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::body::{ProxyBody, full};
@@ -39,19 +40,28 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<ProxyBo
                 text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
             }
         },
-        (_, "/queue" | "/queue/replay") if !authorized(&gate, &req) => json(
-            StatusCode::UNAUTHORIZED,
-            serde_json::json!({"error": "unauthorized",
-                "message": "This endpoint needs server.admin_token as a bearer token."}),
-        ),
+        (_, "/queue" | "/queue/replay") if !authorized(&gate, &req) => {
+            let mut refused = json(
+                StatusCode::UNAUTHORIZED,
+                serde_json::json!({"error": "unauthorized",
+                    "message": "This endpoint needs server.admin_token as a bearer token."}),
+            );
+            refused.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            refused
+        }
         (&Method::GET, "/queue") => list(&gate, &req).await,
         (&Method::POST, "/queue/replay") => replay(&gate, &req).await,
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
     }
 }
 
-/// The bearer token matches `server.admin_token` (constant time). The
-/// scheme's name is case-insensitive (RFC 9110, section 11.1).
+/// The bearer token matches `server.admin_token`, compared in constant
+/// time by their SHA-256 digests, so that not even the token's length
+/// shows in the time taken. The scheme's name is case-insensitive (RFC
+/// 9110, section 11.1).
 fn authorized(gate: &Gate, req: &Request<Incoming>) -> bool {
     let Some(token) = &gate.admin_token else {
         return false;
@@ -63,18 +73,18 @@ fn authorized(gate: &Gate, req: &Request<Incoming>) -> bool {
     else {
         return false;
     };
+    let given = Sha256::digest(given);
     token
         .active(SystemTime::now())
         .iter()
-        .any(|secret| bool::from(secret.value.expose().ct_eq(given)))
+        .any(|secret| bool::from(Sha256::digest(secret.value.expose()).ct_eq(&given)))
 }
 
-/// The credentials of a `Bearer` authorization.
+/// The credentials of a `Bearer` authorization (`1*SP` after the scheme).
 fn bearer(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, credentials) = value.split_at_checked(7)?;
-    scheme
-        .eq_ignore_ascii_case(b"bearer ")
-        .then_some(credentials)
+    let (scheme, rest) = value.split_at_checked(7)?;
+    let credentials = rest.trim_ascii_start();
+    (scheme.eq_ignore_ascii_case(b"bearer ") && !credentials.is_empty()).then_some(credentials)
 }
 
 fn query(req: &Request<Incoming>) -> Vec<(String, String)> {
@@ -190,6 +200,8 @@ mod tests {
     fn a_bearer_scheme_is_matched_in_any_case() {
         assert_eq!(bearer(b"Bearer s3cret"), Some(&b"s3cret"[..]));
         assert_eq!(bearer(b"bEARER s3cret"), Some(&b"s3cret"[..]));
+        assert_eq!(bearer(b"Bearer   s3cret"), Some(&b"s3cret"[..]));
+        assert_eq!(bearer(b"Bearer "), None);
         assert_eq!(bearer(b"Basic czNjcmV0"), None);
         assert_eq!(bearer(b"Bearer"), None);
         assert_eq!(bearer(b"Bearers3cret"), None);

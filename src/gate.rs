@@ -46,7 +46,7 @@ pub struct Gate {
     pub marks: Marks,
     /// Wakes the relay when queue mode accepted jobs.
     pub relay_wakeup: Notify,
-    /// The admin listener's bearer token for state-changing endpoints.
+    /// The admin listener's bearer token for its queue endpoints.
     pub admin_token: Option<SecretSet>,
 }
 
@@ -106,7 +106,7 @@ impl Gate {
         let admin_token = settings.server.admin_token.clone().map(|spec| {
             let (token, problems) = SecretSet::load(vec![spec]);
             for problem in problems {
-                tracing::error!(%problem, "server.admin_token not loaded: admin changes are refused");
+                tracing::error!(%problem, "server.admin_token not loaded: the admin queue endpoints are refused");
             }
             token
         });
@@ -194,7 +194,7 @@ fn spawn_housekeeping(weak: Weak<Gate>) {
                 {
                     if token.active(std::time::SystemTime::now()).is_empty() {
                         tracing::warn!(
-                            "server.admin_token file cannot be read; admin changes are refused until it can"
+                            "server.admin_token file cannot be read; the admin queue endpoints are refused until it can"
                         );
                     } else {
                         tracing::info!("server.admin_token file changed; reloaded");

@@ -81,7 +81,8 @@ pub struct ServerSettings {
     pub max_connections: usize,
     pub max_header_bytes: usize,
     pub tls: Option<TlsFiles>,
-    /// Required by the admin endpoints that change state (`/queue/replay`).
+    /// Required by the admin listener's queue endpoints (`GET /queue`,
+    /// `POST /queue/replay`).
     pub admin_token: Option<SecretSpec>,
     /// `hookgate run` may serve with no provider (a plain pass-through).
     pub allow_no_providers: bool,

@@ -57,7 +57,7 @@ pub struct ServerFile {
     pub max_header_bytes: SizeFile,
     pub tls: Option<TlsFile>,
     /// The secret (a source, like provider secrets) that the admin
-    /// listener's state-changing endpoints require as a bearer token.
+    /// listener's queue endpoints require as a bearer token.
     pub admin_token: Option<SecretFile>,
     /// Serve with no provider at all, as a plain pass-through proxy. Off by
     /// default: a gate that verifies nothing should be a decision.

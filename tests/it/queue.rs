@@ -327,6 +327,7 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
     for auth in [None, Some("Bearer wrong"), Some("adm1n-t0ken-do-not-log")] {
         let refused = list(auth).await;
         assert_eq!(refused.status, 401, "{auth:?}");
+        assert_eq!(refused.headers["www-authenticate"], "Bearer");
         assert!(
             !String::from_utf8_lossy(&refused.body).contains("evt_adm"),
             "no event ids without the token"
