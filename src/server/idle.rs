@@ -21,7 +21,7 @@
 //! one request, or none, and silence. HTTP/1 carries one request at a time
 //! and hyper times the wait for each next head; a client that stops
 //! reading an answer is found below HTTP, by a write to its socket that
-//! waits `STALLED` periods (`super::send_timeout`).
+//! waits `STALLED` periods (`super::send`).
 
 use std::convert::Infallible;
 use std::future::Future;

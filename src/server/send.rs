@@ -31,6 +31,9 @@ const UNSENT_BYTES: u32 = 128 * 1024;
 /// (`SO_LINGER` of zero), as nginx's `reset_timedout_connection`: a
 /// plain close would leave what is still queued for that client in the
 /// kernel, probing a window that stays shut, long after the gate let go.
+/// That holds for the close's own writes too (TLS's `close_notify`,
+/// HTTP/2's GOAWAY): a client that takes none of them for as long loses
+/// the end of an answer that was otherwise whole.
 pub(super) struct Sending(Pin<Box<TimeoutWriter<TcpStream>>>);
 
 impl Sending {
