@@ -209,7 +209,8 @@ where
 
 impl Recorder for Prometheus {
     fn record(&self, labels: &Key<'_>, measurements: &[Measurement]) {
-        HOT.with_borrow_mut(|hot| {
+        let kept = HOT.try_with(|hot| {
+            let mut hot = hot.borrow_mut();
             for measurement in measurements {
                 let metric = measurement.metric().index;
                 let wanted = Wanted {
@@ -235,6 +236,15 @@ impl Recorder for Prometheus {
                 hot.insert(place, series);
             }
         });
+        if kept.is_err() {
+            // The thread is ending and its map is gone (a delivery's record
+            // dropped late): the family's own lookup.
+            let labels = labels.to_labels();
+            for measurement in measurements {
+                let metric = measurement.metric().index;
+                self.instruments[metric].series(&labels).record(measurement);
+            }
+        }
     }
 }
 
@@ -317,6 +327,31 @@ mod tests {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
         assert!(!second.contains("duplicate"), "{second}");
+    }
+
+    /// A series recorded once is found in the thread's map after, by the
+    /// borrowed labels of the next call (they hash as the kept ones).
+    #[test]
+    fn a_series_is_found_by_the_next_calls_labels() {
+        use super::super::catalog::DELIVERIES;
+        use super::super::labels::Value;
+        use super::{HOT, Wanted};
+        let m = Metrics::default();
+        let provider = String::from("stripe");
+        m.delivery(&provider, "forwarded", Duration::from_millis(3));
+        let labels = DELIVERIES.labels([Value::Name("stripe"), Value::Code("forwarded")]);
+        let wanted = Wanted {
+            registry: m.prometheus.id,
+            metric: DELIVERIES.descriptor.index,
+            labels: &labels,
+        };
+        assert!(HOT.with_borrow(|hot| hot.get(&wanted).is_some()));
+        let other = DELIVERIES.labels([Value::Name("stripe"), Value::Code("duplicate")]);
+        let unknown = Wanted {
+            labels: &other,
+            ..wanted
+        };
+        assert!(HOT.with_borrow(|hot| hot.get(&unknown).is_none()));
     }
 
     /// Past `HOT_SERIES` the thread's map starts over; nothing is lost.
