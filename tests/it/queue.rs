@@ -375,9 +375,18 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
 }
 
 #[tokio::test]
-async fn without_an_admin_token_replay_is_refused() {
+async fn without_an_admin_token_the_queue_endpoints_are_refused() {
     let up = Upstream::start().await;
     let gate = queued().upstream(&up).start().await;
+    let listed = crate::support::gate::send(
+        gate.admin_addr,
+        http::Method::GET,
+        "/queue",
+        &[("authorization".into(), "Bearer anything".into())],
+        "",
+    )
+    .await;
+    assert_eq!(listed.status, 401, "the listing needs a token too");
     let answer = crate::support::gate::send(
         gate.admin_addr,
         http::Method::POST,
