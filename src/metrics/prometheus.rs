@@ -222,8 +222,8 @@ impl Recorder for Prometheus {
                     series.record(measurement);
                     continue;
                 }
-                let labels = labels.to_labels();
-                let series = self.instruments[metric].series(&labels);
+                let owned = labels.to_labels();
+                let series = self.instruments[metric].series(&owned);
                 series.record(measurement);
                 if hot.len() == HOT_SERIES {
                     hot.clear();
@@ -231,7 +231,7 @@ impl Recorder for Prometheus {
                 let place = Place {
                     registry: self.id,
                     metric,
-                    labels,
+                    labels: owned,
                 };
                 hot.insert(place, series);
             }
@@ -239,10 +239,10 @@ impl Recorder for Prometheus {
         if kept.is_err() {
             // The thread is ending and its map is gone (a delivery's record
             // dropped late): the family's own lookup.
-            let labels = labels.to_labels();
+            let owned = labels.to_labels();
             for measurement in measurements {
                 let metric = measurement.metric().index;
-                self.instruments[metric].series(&labels).record(measurement);
+                self.instruments[metric].series(&owned).record(measurement);
             }
         }
     }
