@@ -378,23 +378,14 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
 async fn without_an_admin_token_the_queue_endpoints_are_refused() {
     let up = Upstream::start().await;
     let gate = queued().upstream(&up).start().await;
-    let listed = crate::support::gate::send(
-        gate.admin_addr,
-        http::Method::GET,
-        "/queue",
-        &[("authorization".into(), "Bearer anything".into())],
-        "",
-    )
-    .await;
-    assert_eq!(listed.status, 401, "the listing needs a token too");
-    let answer = crate::support::gate::send(
-        gate.admin_addr,
-        http::Method::POST,
-        "/queue/replay?dead=true",
-        &[("authorization".into(), "Bearer anything".into())],
-        "",
-    )
-    .await;
-    assert_eq!(answer.status, 401);
+    let any_token = [("authorization".to_owned(), "Bearer anything".to_owned())];
+    for (method, path) in [
+        (http::Method::GET, "/queue"),
+        (http::Method::POST, "/queue/replay?dead=true"),
+    ] {
+        let answer =
+            crate::support::gate::send(gate.admin_addr, method, path, &any_token, "").await;
+        assert_eq!(answer.status, 401, "{path}");
+    }
     gate.shutdown().await;
 }
