@@ -90,10 +90,7 @@ impl Value<'_> {
     /// Whether `kept` spells this value.
     fn is(self, kept: &str) -> bool {
         match self {
-            // Mostly the same literal: equal without reading it.
-            Self::Code(code) => {
-                code.len() == kept.len() && (code.as_ptr() == kept.as_ptr() || code == kept)
-            }
+            Self::Code(code) => same(code, kept),
             _ => self.spelled(|spelled| spelled == kept),
         }
     }
@@ -120,6 +117,13 @@ impl Value<'_> {
             },
         }
     }
+}
+
+/// Equal strings; a code is mostly the same literal on both sides, equal
+/// then without reading it.
+#[inline]
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a == b)
 }
 
 #[cold]
@@ -164,11 +168,10 @@ impl Labels {
 
 impl PartialEq for Labels {
     fn eq(&self, other: &Self) -> bool {
-        // A code is mostly the same literal: equal without reading it.
-        let same = |(a, b): (&Cow<str>, &Cow<str>)| {
-            a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a == b)
-        };
-        self.values().iter().zip(other.values()).all(same)
+        self.values()
+            .iter()
+            .zip(other.values())
+            .all(|(a, b)| same(a, b))
     }
 }
 
