@@ -6,6 +6,7 @@ use std::sync::{Arc, Weak};
 use tokio::sync::Notify;
 
 use crate::StartError;
+use crate::admin::Readiness;
 use crate::metrics::Metrics;
 use crate::pipeline::{BodyBudget, Inflight, Marks};
 use crate::ratelimit::{ProviderLimit, SourceLimit};
@@ -48,6 +49,8 @@ pub struct Gate {
     pub relay_wakeup: Notify,
     /// The admin listener's bearer token for its queue endpoints.
     pub admin_token: Option<SecretSet>,
+    /// `/readyz`'s store pings, one at a time.
+    pub readiness: Readiness,
 }
 
 impl Gate {
@@ -131,6 +134,7 @@ impl Gate {
             marks,
             relay_wakeup: Notify::new(),
             admin_token,
+            readiness: Readiness::default(),
         });
         spawn_housekeeping(Arc::downgrade(&gate));
         Ok(gate)

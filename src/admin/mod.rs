@@ -6,6 +6,10 @@
 //! errors. The probes and `/metrics` stay open, as the kubelet and a
 //! Prometheus scrape expect.
 
+mod ready;
+
+pub use ready::Readiness;
+
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -33,12 +37,9 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<ProxyBo
             );
             response
         }
-        (_, "/readyz") => match gate.store.ping().await {
-            Ok(()) => text(StatusCode::OK, "ready\n"),
-            Err(e) => {
-                tracing::warn!(error = %e, "not ready: store unavailable");
-                text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
-            }
+        (_, "/readyz") => match gate.readiness.check(|| gate.store.ping()).await {
+            true => text(StatusCode::OK, "ready\n"),
+            false => text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n"),
         },
         (_, "/queue" | "/queue/replay") if !authorized(&gate, &req) => {
             let mut refused = json(
@@ -103,8 +104,16 @@ fn param<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
 /// `GET /queue?state=dead&provider=stripe`: at most 100 jobs, newest first.
 async fn list(gate: &Gate, req: &Request<Incoming>) -> Response<ProxyBody> {
     let q = query(req);
+    let state = match param(&q, "state").map(|text| JobState::parse(text).ok_or(text)) {
+        None => None,
+        Some(Ok(state)) => Some(state),
+        // A misspelt state would otherwise list every job as if it matched.
+        Some(Err(_)) => {
+            return bad_request("state is pending, delivered or dead.");
+        }
+    };
     let filter = JobFilter {
-        state: param(&q, "state").and_then(JobState::parse),
+        state,
         provider: param(&q, "provider").map(str::to_owned),
         ..JobFilter::default()
     };
@@ -133,10 +142,8 @@ async fn replay(gate: &Gate, req: &Request<Incoming>) -> Response<ProxyBody> {
             ..JobFilter::default()
         },
         _ => {
-            return json(
-                StatusCode::BAD_REQUEST,
-                serde_json::json!({"error": "bad_request",
-                    "message": "Replay one event (provider and key) or the dead letter (dead=true)."}),
+            return bad_request(
+                "Replay one event (provider and key) or the dead letter (dead=true).",
             );
         }
     };
@@ -169,6 +176,13 @@ fn store_error(e: &crate::store::StoreError) -> Response<ProxyBody> {
     json(
         StatusCode::SERVICE_UNAVAILABLE,
         serde_json::json!({"error": "store_unavailable", "message": "The store is unavailable."}),
+    )
+}
+
+fn bad_request(message: &'static str) -> Response<ProxyBody> {
+    json(
+        StatusCode::BAD_REQUEST,
+        serde_json::json!({"error": "bad_request", "message": message}),
     )
 }
 
