@@ -37,10 +37,18 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>) -> Response<ProxyBo
             );
             response
         }
-        (_, "/readyz") => match gate.readiness.check(|| gate.store.ping()).await {
-            true => text(StatusCode::OK, "ready\n"),
-            false => text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n"),
-        },
+        (_, "/readyz") => {
+            let store = Arc::clone(&gate.store);
+            if gate
+                .readiness
+                .check(async move { store.ping().await })
+                .await
+            {
+                text(StatusCode::OK, "ready\n")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
+            }
+        }
         (_, "/queue" | "/queue/replay") if !authorized(&gate, &req) => {
             let mut refused = json(
                 StatusCode::UNAUTHORIZED,
@@ -104,13 +112,11 @@ fn param<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
 /// `GET /queue?state=dead&provider=stripe`: at most 100 jobs, newest first.
 async fn list(gate: &Gate, req: &Request<Incoming>) -> Response<ProxyBody> {
     let q = query(req);
-    let state = match param(&q, "state").map(|text| JobState::parse(text).ok_or(text)) {
+    let state = match param(&q, "state").map(JobState::parse) {
         None => None,
-        Some(Ok(state)) => Some(state),
+        Some(Some(state)) => Some(state),
         // A misspelt state would otherwise list every job as if it matched.
-        Some(Err(_)) => {
-            return bad_request("state is pending, delivered or dead.");
-        }
+        Some(None) => return bad_request("The state is pending, delivered or dead."),
     };
     let filter = JobFilter {
         state,

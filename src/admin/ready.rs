@@ -1,57 +1,69 @@
-//! `/readyz`'s store check, one at a time. Each probe would otherwise run
-//! its own ping: a flood of probes on the admin port would take one of the
+//! `/readyz`'s store check, one ping at a time. Each probe would otherwise
+//! run its own: a flood of probes on the admin port would take one of the
 //! store's connections each (PostgreSQL's pool is the deliveries' too),
 //! queue behind the deliveries on SQLite's thread, and log a line each
 //! while the store is away.
 //!
-//! A probe never gets an answer older than itself: it takes the result of
-//! a ping that began after it arrived, or runs one. Probes that arrive
-//! while a ping runs wait for it, then share the one ping that the first of
-//! them runs after it, so a burst costs at most two.
+//! A probe takes the answer of the ping under way when it arrives, or
+//! starts one: never the answer of a ping that had ended before it came, so
+//! a store that goes away shows at the next probe. The ping runs in a task
+//! of its own, so a probe that gives up (the kubelet's timeout) does not
+//! take it from the probes waiting on it. A probe waits at most one
+//! `store.timeout`, which bounds every store operation.
 
 use std::future::Future;
+use std::sync::{Mutex, PoisonError};
 
-use tokio::sync::Mutex;
-use tokio::time::Instant;
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 
 use crate::store::Result;
 
 #[derive(Default)]
 pub struct Readiness {
-    /// The last ping's start and answer; held while a ping runs.
-    last: Mutex<Option<(Instant, bool)>>,
+    /// The last ping started, with its answer once it has one.
+    ping: Mutex<Option<Shared<BoxFuture<'static, bool>>>>,
 }
 
 impl Readiness {
-    /// Whether the store answers, by a ping begun after this call was made.
-    pub async fn check<F>(&self, ping: impl FnOnce() -> F) -> bool
+    /// Whether the store answers: the answer of the ping under way, or of
+    /// `ping`, started now.
+    pub async fn check<F>(&self, ping: F) -> bool
     where
-        F: Future<Output = Result<()>>,
+        F: Future<Output = Result<()>> + Send + 'static,
     {
-        let arrived = Instant::now();
-        let mut last = self.last.lock().await;
-        if let Some((began, ready)) = *last
-            && began >= arrived
-        {
-            return ready;
-        }
-        let began = Instant::now();
-        let ready = match ping().await {
+        let answer = {
+            let mut last = self.ping.lock().unwrap_or_else(PoisonError::into_inner);
+            match &*last {
+                Some(running) if running.peek().is_none() => running.clone(),
+                _ => last.insert(start(ping)).clone(),
+            }
+        };
+        answer.await
+    }
+}
+
+fn start<F>(ping: F) -> Shared<BoxFuture<'static, bool>>
+where
+    F: Future<Output = Result<()>> + Send + 'static,
+{
+    let task = tokio::spawn(async move {
+        match ping.await {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(error = %e, "not ready: store unavailable");
                 false
             }
-        };
-        *last = Some((began, ready));
-        ready
-    }
+        }
+    });
+    // A ping that panicked, or a runtime shutting down under it: not ready.
+    task.map(|answer| answer.unwrap_or(false)).boxed().shared()
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use tokio::sync::Semaphore;
 
@@ -62,66 +74,93 @@ mod tests {
     struct Store {
         pings: AtomicUsize,
         permits: Semaphore,
-        up: std::sync::atomic::AtomicBool,
+        up: AtomicBool,
     }
 
     impl Store {
-        fn new(up: bool, permits: usize) -> Arc<Self> {
+        fn new(permits: usize) -> Arc<Self> {
             Arc::new(Self {
                 pings: AtomicUsize::new(0),
                 permits: Semaphore::new(permits),
-                up: up.into(),
+                up: AtomicBool::new(true),
             })
         }
 
-        async fn ping(&self) -> Result<()> {
-            self.pings.fetch_add(1, Ordering::SeqCst);
-            self.permits.acquire().await.expect("open").forget();
-            if self.up.load(Ordering::SeqCst) {
-                Ok(())
-            } else {
-                Err(StoreError::Unavailable("refused".into()))
+        fn ping(self: &Arc<Self>) -> impl Future<Output = Result<()>> + Send + 'static {
+            let store = Arc::clone(self);
+            async move {
+                store.pings.fetch_add(1, Ordering::SeqCst);
+                store.permits.acquire().await.expect("open").forget();
+                if store.up.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err(StoreError::Unavailable("refused".into()))
+                }
+            }
+        }
+
+        async fn pinged(&self, n: usize) {
+            while self.pings.load(Ordering::SeqCst) < n {
+                tokio::task::yield_now().await;
             }
         }
     }
 
-    #[tokio::test]
-    async fn probes_that_arrive_during_a_ping_share_the_next_one() {
-        let readiness = Arc::new(Readiness::default());
-        let store = Store::new(true, 0);
-        let probe = || {
-            let (readiness, store) = (Arc::clone(&readiness), Arc::clone(&store));
-            tokio::spawn(async move { readiness.check(|| store.ping()).await })
-        };
-        let first = probe();
-        while store.pings.load(Ordering::SeqCst) == 0 {
-            tokio::task::yield_now().await;
-        }
-        let waiting: Vec<_> = (0..20).map(|_| probe()).collect();
-        for _ in 0..50 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(store.pings.load(Ordering::SeqCst), 1, "one ping at a time");
-        store.permits.add_permits(100);
-        assert!(first.await.unwrap());
-        for probe in waiting {
-            assert!(probe.await.unwrap());
-        }
-        assert_eq!(store.pings.load(Ordering::SeqCst), 2);
+    fn probe(readiness: &Arc<Readiness>, store: &Arc<Store>) -> tokio::task::JoinHandle<bool> {
+        let (readiness, ping) = (Arc::clone(readiness), store.ping());
+        tokio::spawn(async move { readiness.check(ping).await })
     }
 
     #[tokio::test]
-    async fn a_probe_after_a_ping_runs_its_own() {
-        let readiness = Readiness::default();
-        let store = Store::new(true, 10);
-        assert!(readiness.check(|| store.ping()).await);
+    async fn probes_that_arrive_during_a_ping_take_its_answer() {
+        let (readiness, store) = (Arc::default(), Store::new(0));
+        let first = probe(&readiness, &store);
+        store.pinged(1).await;
+        let waiting: Vec<_> = (0..20).map(|_| probe(&readiness, &store)).collect();
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        // The ping under way answers for all of them.
+        store.up.store(false, Ordering::SeqCst);
+        store.permits.add_permits(100);
+        assert!(!first.await.unwrap());
+        for probe in waiting {
+            assert!(!probe.await.unwrap());
+        }
+        assert_eq!(store.pings.load(Ordering::SeqCst), 1, "one ping for all");
+    }
+
+    #[tokio::test]
+    async fn a_probe_after_a_ping_ended_runs_its_own() {
+        let (readiness, store) = (Arc::default(), Store::new(10));
+        assert!(probe(&readiness, &store).await.unwrap());
         store.up.store(false, Ordering::SeqCst);
         assert!(
-            !readiness.check(|| store.ping()).await,
+            !probe(&readiness, &store).await.unwrap(),
             "not the last answer"
         );
         store.up.store(true, Ordering::SeqCst);
-        assert!(readiness.check(|| store.ping()).await);
+        assert!(probe(&readiness, &store).await.unwrap());
         assert_eq!(store.pings.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_probe_that_gives_up_leaves_its_ping_to_the_others() {
+        let (readiness, store) = (Arc::default(), Store::new(0));
+        let first = probe(&readiness, &store);
+        store.pinged(1).await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        let second = probe(&readiness, &store);
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        store.permits.add_permits(100);
+        assert!(second.await.unwrap());
+        assert_eq!(
+            store.pings.load(Ordering::SeqCst),
+            1,
+            "the first's ping answered"
+        );
     }
 }

@@ -349,7 +349,7 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
     assert_eq!(up.count(), 1, "nothing replayed without the token");
 
     up.set(Behavior::Status(200));
-    let done = replay(Some("Bearer adm1n-t0ken-do-not-log")).await;
+    let done = replay(token).await;
     assert_eq!(done.status, 200);
     assert_eq!(done.json()["replayed"], 1);
     until("the replayed delivery", || up.count() == 2).await;
@@ -357,11 +357,7 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
     // Rotated in its file (as a Kubernetes Secret is), the old token stops
     // working without a restart.
     std::fs::write(&token_file, "r0tated-t0ken-do-not-log").unwrap();
-    let rotated = poll(
-        || replay(Some("Bearer adm1n-t0ken-do-not-log")),
-        |a| a.status == 401,
-    )
-    .await;
+    let rotated = poll(|| replay(token), |a| a.status == 401).await;
     assert_eq!(rotated.status, 401, "the old token is revoked");
     assert_eq!(
         replay(Some("Bearer r0tated-t0ken-do-not-log")).await.status,
