@@ -46,7 +46,8 @@ if [ -z "${HOOKGATE_IMAGE_BIN:-}" ]; then
   if ! rustup target list --installed | grep -qx "$TARGET"; then
     rustup target add "$TARGET"
   fi
-  # musl-gcc compiles the C in the dependencies (the bundled SQLite, ring).
+  # musl-gcc compiles the C in the dependencies (the bundled SQLite, ring,
+  # mimalloc).
   export CC_x86_64_unknown_linux_musl=musl-gcc
   if [ "$PGO" != 0 ]; then
     install_missing redis-server=redis-server

@@ -7,7 +7,17 @@ use clap::Parser;
 use hookgate::cli::{self, Cli, Command};
 use hookgate::settings::Settings;
 
+/// mimalloc rather than the C library's malloc, whose functions were a
+/// tenth of the gate's CPU in a profile of fresh events on sqlite: 7% to
+/// 15% less CPU per request, for 2 to 3 MiB more peak RSS at 256
+/// connections (docs/BENCHMARKS.md, The overhead work). SQLite keeps the C
+/// library's allocator. A heap profiler that hooks `malloc` by
+/// `LD_PRELOAD` (heaptrack) sees only SQLite's allocations now.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
+    no_huge_pages();
     // A command line that does not parse is a usage error: 64, like a bad
     // configuration (clap's own default would be 2).
     let cli = match Cli::try_parse() {
@@ -91,6 +101,21 @@ fn end_quietly_on_a_closed_stdout() {
     // thread exists; no handler runs, no memory is touched.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Transparent huge pages off for the whole process, as mimalloc's
+/// `allow_thp = 0` does: on a host whose THP mode is `always`, every
+/// 2 MiB-aligned span that mimalloc or glibc reserves could be backed by a
+/// huge page at its first touch, 10 MiB more resident at start on this
+/// project's benchmark (docs/BENCHMARKS.md, The overhead work).
+fn no_huge_pages() {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    // SAFETY: a process-wide flag with integer arguments; no memory is
+    // passed or touched. A kernel without it answers EINVAL, and the
+    // process runs as before.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
     }
 }
 
