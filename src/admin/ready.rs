@@ -17,12 +17,16 @@ use std::sync::{Mutex, PoisonError};
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 
+use tokio::task::AbortHandle;
+
 use crate::store::Result;
 
+/// The admin listener's view of the store's readiness (module docs).
 #[derive(Default)]
 pub struct Readiness {
-    /// The last ping started, with its answer once it has one.
-    ping: Mutex<Option<Shared<BoxFuture<'static, bool>>>>,
+    /// The last ping started: its answer, shared, and its task, which
+    /// tells whether it has ended even when no probe awaited the answer.
+    ping: Mutex<Option<(Shared<BoxFuture<'static, bool>>, AbortHandle)>>,
 }
 
 impl Readiness {
@@ -35,15 +39,15 @@ impl Readiness {
         let answer = {
             let mut last = self.ping.lock().unwrap_or_else(PoisonError::into_inner);
             match &*last {
-                Some(running) if running.peek().is_none() => running.clone(),
-                _ => last.insert(start(ping)).clone(),
+                Some((running, task)) if !task.is_finished() => running.clone(),
+                _ => last.insert(start(ping)).0.clone(),
             }
         };
         answer.await
     }
 }
 
-fn start<F>(ping: F) -> Shared<BoxFuture<'static, bool>>
+fn start<F>(ping: F) -> (Shared<BoxFuture<'static, bool>>, AbortHandle)
 where
     F: Future<Output = Result<()>> + Send + 'static,
 {
@@ -56,8 +60,10 @@ where
             }
         }
     });
+    let handle = task.abort_handle();
     // A ping that panicked, or a runtime shutting down under it: not ready.
-    task.map(|answer| answer.unwrap_or(false)).boxed().shared()
+    let answer = task.map(|answer| answer.unwrap_or(false)).boxed().shared();
+    (answer, handle)
 }
 
 #[cfg(test)]
@@ -162,5 +168,25 @@ mod tests {
             1,
             "the first's ping answered"
         );
+    }
+
+    #[tokio::test]
+    async fn a_ping_that_ended_unawaited_answers_no_later_probe() {
+        let (readiness, store) = (Arc::default(), Store::new(0));
+        let first = probe(&readiness, &store);
+        store.pinged(1).await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        // The ping ends with no probe awaiting its answer.
+        store.permits.add_permits(100);
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        store.up.store(false, Ordering::SeqCst);
+        assert!(
+            !probe(&readiness, &store).await.unwrap(),
+            "not the old answer"
+        );
+        assert_eq!(store.pings.load(Ordering::SeqCst), 2);
     }
 }
