@@ -105,17 +105,19 @@ fn end_quietly_on_a_closed_stdout() {
 }
 
 /// Transparent huge pages off for the whole process, as mimalloc's
-/// `allow_thp = 0` does: on a host whose THP mode is `always`, every
-/// 2 MiB-aligned span that mimalloc or glibc reserves could be backed by a
-/// huge page at its first touch, 10 MiB more resident at start on this
-/// project's benchmark (docs/BENCHMARKS.md, The overhead work).
+/// `allow_thp = 0` does. The `no_thp` build of mimalloc no longer asks for
+/// them (its `madvise` made the gate 10 MiB larger at start on this
+/// project's benchmark, docs/BENCHMARKS.md, The overhead work); on a host
+/// whose THP mode is `always` the kernel would back 2 MiB-aligned spans
+/// with huge pages unasked. That case was not measured.
 fn no_huge_pages() {
     #[cfg(any(target_os = "linux", target_os = "android"))]
-    // SAFETY: a process-wide flag with integer arguments; no memory is
-    // passed or touched. A kernel without it answers EINVAL, and the
-    // process runs as before.
+    // SAFETY: a process-wide flag with integer arguments, passed as the
+    // `unsigned long`s the kernel reads; no memory is passed or touched. A
+    // kernel without it answers EINVAL, and the process runs as before.
     unsafe {
-        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        let (on, unused): (libc::c_ulong, libc::c_ulong) = (1, 0);
+        libc::prctl(libc::PR_SET_THP_DISABLE, on, unused, unused, unused);
     }
 }
 
