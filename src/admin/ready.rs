@@ -16,7 +16,6 @@ use std::sync::{Mutex, PoisonError};
 
 use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
-
 use tokio::task::AbortHandle;
 
 use crate::store::Result;
@@ -70,6 +69,7 @@ where
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
 
     use tokio::sync::Semaphore;
 
@@ -117,15 +117,34 @@ mod tests {
         tokio::spawn(async move { readiness.check(ping).await })
     }
 
-    #[tokio::test]
+    /// A probe whose ping has started, given up on (the kubelet's timeout).
+    async fn abandoned_probe(readiness: &Arc<Readiness>, store: &Arc<Store>) {
+        let first = probe(readiness, store);
+        store.pinged(1).await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+    }
+
+    /// How many probes hold the answer of the last ping started.
+    fn holding(readiness: &Readiness) -> usize {
+        let last = readiness.ping.lock().unwrap();
+        let (answer, _) = last.as_ref().expect("a ping started");
+        answer.strong_count().expect("not yet answered") - 1
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn probes_that_arrive_during_a_ping_take_its_answer() {
         let (readiness, store) = (Arc::default(), Store::new(0));
         let first = probe(&readiness, &store);
         store.pinged(1).await;
         let waiting: Vec<_> = (0..20).map(|_| probe(&readiness, &store)).collect();
-        for _ in 0..50 {
-            tokio::task::yield_now().await;
-        }
+        let all_holding = async {
+            while holding(&readiness) < 21 {
+                tokio::task::yield_now().await;
+            }
+        };
+        let within = tokio::time::timeout(Duration::from_secs(10), all_holding).await;
+        within.expect("all 21 probes hold the ping under way");
         // The ping under way answers for all of them.
         store.up.store(false, Ordering::SeqCst);
         store.permits.add_permits(100);
@@ -153,10 +172,7 @@ mod tests {
     #[tokio::test]
     async fn a_probe_that_gives_up_leaves_its_ping_to_the_others() {
         let (readiness, store) = (Arc::default(), Store::new(0));
-        let first = probe(&readiness, &store);
-        store.pinged(1).await;
-        first.abort();
-        assert!(first.await.unwrap_err().is_cancelled());
+        abandoned_probe(&readiness, &store).await;
         let second = probe(&readiness, &store);
         for _ in 0..50 {
             tokio::task::yield_now().await;
@@ -173,10 +189,7 @@ mod tests {
     #[tokio::test]
     async fn a_ping_that_ended_unawaited_answers_no_later_probe() {
         let (readiness, store) = (Arc::default(), Store::new(0));
-        let first = probe(&readiness, &store);
-        store.pinged(1).await;
-        first.abort();
-        assert!(first.await.unwrap_err().is_cancelled());
+        abandoned_probe(&readiness, &store).await;
         // The ping ends with no probe awaiting its answer.
         store.permits.add_permits(100);
         for _ in 0..50 {

@@ -334,9 +334,14 @@ async fn the_admin_queue_endpoints_list_and_replay_only_with_the_token() {
         );
     }
     let token = Some("Bearer adm1n-t0ken-do-not-log");
-    let misspelt = admin(Method::GET, "/queue?state=daed", token).await;
-    assert_eq!(misspelt.status, 400, "not every job, as if it matched");
-    assert_eq!(misspelt.json()["error"], "bad_request");
+    for path in ["/queue?state=daed", "/queue?state="] {
+        let misspelt = admin(Method::GET, path, token).await;
+        assert_eq!(
+            misspelt.status, 400,
+            "{path}: not every job, as if it matched"
+        );
+        assert_eq!(misspelt.json()["error"], "bad_request");
+    }
 
     let replay = |auth| admin(Method::POST, "/queue/replay?dead=true", auth);
     assert_eq!(replay(None).await.status, 401);
