@@ -129,7 +129,10 @@ mod tests {
     fn holding(readiness: &Readiness) -> usize {
         let last = readiness.ping.lock().unwrap();
         let (answer, _) = last.as_ref().expect("a ping started");
-        answer.strong_count().expect("not yet answered") - 1
+        answer
+            .strong_count()
+            .expect("the kept clone is never polled")
+            - 1
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
