@@ -125,6 +125,24 @@ mod tests {
         assert!(first.await.unwrap_err().is_cancelled());
     }
 
+    /// Yields until `done` holds; fails the test after 10 s.
+    async fn until(done: impl Fn() -> bool, what: &str) {
+        let wait = async {
+            while !done() {
+                tokio::task::yield_now().await;
+            }
+        };
+        let within = tokio::time::timeout(Duration::from_secs(10), wait).await;
+        within.unwrap_or_else(|_| panic!("not within 10 s: {what}"));
+    }
+
+    /// Whether the last ping started has ended.
+    fn ping_ended(readiness: &Readiness) -> bool {
+        let last = readiness.ping.lock().unwrap();
+        let (_, task) = last.as_ref().expect("a ping started");
+        task.is_finished()
+    }
+
     /// How many probes hold the answer of the last ping started.
     fn holding(readiness: &Readiness) -> usize {
         let last = readiness.ping.lock().unwrap();
@@ -141,13 +159,7 @@ mod tests {
         let first = probe(&readiness, &store);
         store.pinged(1).await;
         let waiting: Vec<_> = (0..20).map(|_| probe(&readiness, &store)).collect();
-        let all_holding = async {
-            while holding(&readiness) < 21 {
-                tokio::task::yield_now().await;
-            }
-        };
-        let within = tokio::time::timeout(Duration::from_secs(10), all_holding).await;
-        within.expect("all 21 probes hold the ping under way");
+        until(|| holding(&readiness) == 21, "all 21 probes hold the ping").await;
         // The ping under way answers for all of them.
         store.up.store(false, Ordering::SeqCst);
         store.permits.add_permits(100);
@@ -177,9 +189,7 @@ mod tests {
         let (readiness, store) = (Arc::default(), Store::new(0));
         abandoned_probe(&readiness, &store).await;
         let second = probe(&readiness, &store);
-        for _ in 0..50 {
-            tokio::task::yield_now().await;
-        }
+        until(|| holding(&readiness) == 1, "the second holds the ping").await;
         store.permits.add_permits(100);
         assert!(second.await.unwrap());
         assert_eq!(
@@ -195,9 +205,7 @@ mod tests {
         abandoned_probe(&readiness, &store).await;
         // The ping ends with no probe awaiting its answer.
         store.permits.add_permits(100);
-        for _ in 0..50 {
-            tokio::task::yield_now().await;
-        }
+        until(|| ping_ended(&readiness), "the ping ends").await;
         store.up.store(false, Ordering::SeqCst);
         assert!(
             !probe(&readiness, &store).await.unwrap(),
