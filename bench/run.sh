@@ -82,7 +82,7 @@ case " $* " in
   *" --smoke "* | *" --help "* | *" -h "*) HOOKGATE_BENCH_PGO=0 ;;
 esac
 echo "building release binaries into $CARGO_TARGET_DIR" >&2
-cargo build --release --manifest-path bench/Cargo.toml >&2
+cargo build --release --manifest-path bench/Cargo.toml --bin hookgate-bench >&2
 if [ "${HOOKGATE_BENCH_PGO:-1}" != 0 ]; then
   gate=$(scripts/pgo-build.sh)
   build="release, profile-guided"

@@ -71,7 +71,7 @@ build() { # build DIR RUSTFLAGS
 
 echo "pgo: 1/4 the instrumented gate ($TARGET, profile $PROFILE)" >&2
 instrumented=$(build "$DIR/generate" "-Cprofile-generate=$RAW")
-cargo build --release --manifest-path bench/Cargo.toml --target-dir bench/target >&2
+cargo build --release --manifest-path bench/Cargo.toml --bin hookgate-bench --target-dir bench/target >&2
 
 echo "pgo: 2/4 training on the benchmark's gate rows" >&2
 rm -rf "$RAW"
