@@ -8,7 +8,8 @@
 //! gate's upstream lanes at the default `upstream.max_connections`), the
 //! hop-by-hop headers stripped both ways (`hookgate::upstream`), mimalloc
 //! without huge pages. Each request's body is read whole and sent on, the
-//! app's answer read whole and returned, as the gate does.
+//! app's answer read whole and returned, as the gate does when nothing
+//! breaks (an answer that breaks off is a 502 here).
 //!
 //! What it leaves out: everything the gate checks and records (the
 //! signature, the key, the store, the log line, the metrics, a task per
@@ -29,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode, Uri, header};
+use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -63,7 +64,7 @@ fn main() {
         }
     };
     let config = read_config(path);
-    let threads = hookgate::cores::available();
+    let cores = hookgate::cores::available();
     // `cores::bind` makes tokio listeners on the way, which need a runtime.
     let binding = tokio::runtime::Builder::new_current_thread()
         .enable_io()
@@ -71,15 +72,15 @@ fn main() {
         .expect("a runtime");
     let listeners = {
         let _inside = binding.enter();
-        hookgate::cores::bind(config.listen, threads).expect("the public port")
+        hookgate::cores::bind(config.listen, cores).expect("cannot listen on the public port")
     };
     drop(binding);
-    let admin = std::net::TcpListener::bind(config.admin).expect("the admin port");
+    let admin = std::net::TcpListener::bind(config.admin).expect("cannot listen on the admin port");
     admin.set_nonblocking(true).expect("non-blocking");
     let mut admin = Some(admin);
-    let calls = CALLS.div_ceil(threads);
+    let calls = CALLS.div_ceil(cores);
 
-    let threads: Vec<_> = listeners
+    let serving: Vec<_> = listeners
         .into_iter()
         .map(|listener| {
             let admin = admin.take();
@@ -93,7 +94,7 @@ fn main() {
             })
         })
         .collect();
-    for thread in threads {
+    for thread in serving {
         thread.join().expect("a serving thread");
     }
 }
@@ -196,7 +197,6 @@ async fn forward(
         return Ok(status(StatusCode::BAD_REQUEST));
     };
     hookgate::upstream::strip_hop_by_hop(&mut parts.headers);
-    parts.headers.remove(header::HOST);
     parts.uri = uri;
     let Ok(answer) = client
         .request(Request::from_parts(parts, Full::new(body)))
