@@ -106,9 +106,11 @@ mod tests {
         }
 
         async fn pinged(&self, n: usize) {
-            while self.pings.load(Ordering::SeqCst) < n {
-                tokio::task::yield_now().await;
-            }
+            until(
+                || self.pings.load(Ordering::SeqCst) >= n,
+                "the pings started",
+            )
+            .await;
         }
     }
 
