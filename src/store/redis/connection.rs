@@ -119,7 +119,12 @@ impl Link {
                 ))
             }
             Self::Cluster(link) => {
-                let connection = link.connection.get_or_try_init(|| link.connect()).await?;
+                // Boxed: the connecting future (some 1.9 KiB, redis's and the
+                // main runtime's) would otherwise sit inline in every
+                // operation's future, and so in every delivery's, on every
+                // backend (`store::dispatch!`), for a path taken once.
+                let connect = || Box::pin(link.connect());
+                let connection = link.connection.get_or_try_init(connect).await?;
                 Ok(Conn::Cluster(connection.clone()))
             }
         }
