@@ -36,9 +36,7 @@ mod read;
 mod verify;
 
 use std::any::Any;
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
@@ -91,53 +89,37 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     }
     // The delivery runs in a task of its own: if the sender hangs up after
     // the claim, the forward and its mark still complete, so the claim is
-    // never left to expire with the app's work unrecorded.
+    // never left to expire with the app's work unrecorded. The future is
+    // boxed first: tokio copies a task's whole stage (its future or its
+    // output) by value when it spawns it, stores it and reads and drops
+    // the output, and a delivery's future is some 3.5 KiB; boxed, the
+    // stage is the size of the output, for one allocation.
     //
     // The response comes back on a channel of its own: the task runs on
     // after it, to mark what the app took (`finish::Settle`).
     let (respond, response) = oneshot::channel();
-    let answering = Box::pin(answer(Arc::clone(&gate), index, req, conn, respond));
-    tokio::spawn(deliver(gate, index, answering));
+    tokio::spawn(Box::pin(deliver(gate, index, req, conn, respond)));
     match response.await {
         Ok(response) => response,
-        // `answer` contains its own panics, so this is a runtime shutting
+        // `deliver` contains its own panics, so this is a runtime shutting
         // down under it.
         Err(_) => GateError::Internal("the delivery's task was dropped".into()).to_response(),
     }
 }
 
-/// A delivery's task: its answer, then the marks of an event the app took.
-///
-/// The two are boxed apart, and each box is freed when its part ends: the
-/// answer's future, the stages and the record (some 3.5 KiB at most), is
-/// gone once the sender is answered, and a delivery waiting on its marks
-/// holds only what the marks need. Under load many do: the sender sends
-/// its next request as soon as it is answered. The task itself (tokio
-/// copies a future by value when it spawns it) is a few pointers.
-async fn deliver(
-    gate: Arc<Gate>,
-    index: usize,
-    answering: Pin<Box<impl Future<Output = Option<finish::Settle>>>>,
-) {
-    let _delivering = crate::cores::Delivering::start();
-    let settle = answering.await;
-    if let Some(settle) = settle {
-        Box::pin(mark_after_answer(&gate, &gate.providers[index], settle)).await;
-    }
-}
-
-/// Runs the stages for one delivery, writes its log line and sends the
-/// response; returns the marks to make, if the app took the event. A panic
-/// in a stage is a defect: it is answered 500 `internal_error`, logged and
+/// Runs the stages for one delivery, writes its log line, sends the
+/// response, then makes the marks of an event the app took. A panic in a
+/// stage is a defect: it is answered 500 `internal_error`, logged and
 /// counted like any outcome, and its claims are released as the stages'
 /// future unwinds (`held::HeldClaims`).
-async fn answer(
+async fn deliver(
     gate: Arc<Gate>,
     index: usize,
     req: Request<Incoming>,
     conn: Conn,
     respond: oneshot::Sender<Response<ProxyBody>>,
-) -> Option<finish::Settle> {
+) {
+    let _delivering = crate::cores::Delivering::start();
     let provider = &gate.providers[index];
     let (head, incoming) = req.into_parts();
     let traceparent = head
@@ -172,7 +154,9 @@ async fn answer(
     // and how long it waited for it.
     unfinished.emit();
     let _ = respond.send(response);
-    settle
+    if let Some(settle) = settle {
+        mark_after_answer(&gate, provider, settle).await;
+    }
 }
 
 /// Makes the marks of a delivery whose sender has been answered (SPEC
