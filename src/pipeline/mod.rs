@@ -92,7 +92,7 @@ pub async fn handle(gate: Arc<Gate>, req: Request<Incoming>, conn: Conn) -> Resp
     // never left to expire with the app's work unrecorded. The future is
     // boxed first: tokio copies a task's whole stage (its future or its
     // output) by value when it spawns it, stores it and reads and drops
-    // the output, and a delivery's future is some 3.5 KiB; boxed, the
+    // the output, and a delivery's future is some 4 KiB; boxed, the
     // stage is the size of the output, for one allocation.
     //
     // The response comes back on a channel of its own: the task runs on

@@ -220,10 +220,12 @@ enum Dispatch {
 }
 
 /// A future over the enum is as large as its largest arm, and every
-/// delivery in flight holds one. tokio-postgres's futures are about 2.6 KiB
-/// against at most 0.5 KiB for the other backends, so the postgres arm is
-/// boxed: one allocation beside a network round trip, and 2 KiB less for
-/// each delivery on every backend (docs/BENCHMARKS.md, Memory).
+/// delivery in flight holds one. tokio-postgres's futures are 2.0 to 2.5
+/// KiB against at most about 0.9 KiB for the other backends (with the
+/// redis cluster's connect boxed, `redis::connection`), so the postgres arm
+/// is boxed: one allocation beside a network round trip, and up to 1.6 KiB
+/// less for each delivery on every backend (docs/BENCHMARKS.md, Memory,
+/// "The deliveries' futures").
 macro_rules! dispatch {
     ($self:ident, $operation:expr, $s:ident => $call:expr) => {{
         let started = Instant::now();

@@ -122,7 +122,8 @@ impl Link {
                 // Boxed: the connecting future (some 1.9 KiB, redis's and the
                 // main runtime's) would otherwise sit inline in every
                 // operation's future, and so in every delivery's, on every
-                // backend (`store::dispatch!`), for a path taken once.
+                // backend (`store::dispatch!`), for a path taken only until
+                // a first connect succeeds.
                 let connect = || Box::pin(link.connect());
                 let connection = link.connection.get_or_try_init(connect).await?;
                 Ok(Conn::Cluster(connection.clone()))
