@@ -38,28 +38,12 @@ fn main() -> ExitCode {
     ) {
         end_quietly_on_a_closed_stdout();
     }
+    // The commands that run on tokio are the library's blocking functions
+    // (`cli::blocking`): `main` polls no future of the library's, which
+    // would compile the gate's serving code a second time into the binary.
     match &cli.command {
-        Some(Command::Demo) => block_on(async {
-            match hookgate::demo::run().await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("demo failed: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }),
-        Some(Command::Echo { listen, status }) => block_on(async {
-            tokio::select! {
-                served = hookgate::echo::run(*listen, *status) => match served {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => {
-                        eprintln!("echo: {e}");
-                        ExitCode::FAILURE
-                    }
-                },
-                () = shutdown_signal() => ExitCode::SUCCESS,
-            }
-        }),
+        Some(Command::Demo) => cli::blocking::demo(),
+        Some(Command::Echo { listen, status }) => cli::blocking::echo(*listen, *status),
         Some(Command::Check(_)) => configured(&cli, |settings, read| cli::check(&settings, read)),
         Some(Command::Sign {
             provider,
@@ -77,14 +61,14 @@ fn main() -> ExitCode {
             )
         }),
         Some(Command::Keys { action, .. }) => {
-            configured(&cli, |settings, _| block_on(cli::keys(&settings, action)))
+            configured(&cli, |settings, _| cli::blocking::keys(&settings, action))
         }
         Some(Command::Queue { action, .. }) => {
-            configured(&cli, |settings, _| block_on(cli::queue(&settings, action)))
+            configured(&cli, |settings, _| cli::blocking::queue(&settings, action))
         }
         Some(Command::Run(_)) | None => configured(&cli, |settings, read| {
             match cli::refuse_without_providers(&settings, read) {
-                Ok(()) => block_on(serve(settings)),
+                Ok(()) => cli::blocking::serve(settings),
                 Err(code) => code,
             }
         }),
@@ -130,61 +114,5 @@ fn configured(cli: &Cli, then: impl FnOnce(Settings, Option<&Path>) -> ExitCode)
             then(settings, exists.then_some(path))
         }
         Err(code) => code,
-    }
-}
-
-fn block_on(work: impl Future<Output = ExitCode>) -> ExitCode {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime.block_on(work),
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-async fn serve(settings: Settings) -> ExitCode {
-    hookgate::telemetry::init();
-    // Before the gate announces its address: a SIGTERM that came after the
-    // announcement and before the handler would end the process at once,
-    // with no graceful shutdown.
-    let stopping = shutdown_signal();
-    let running = match hookgate::start(settings).await {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start");
-            return ExitCode::FAILURE;
-        }
-    };
-    stopping.await;
-    tracing::info!("shutting down: finishing in-flight deliveries");
-    running.shutdown().await;
-    tracing::info!("stopped");
-    ExitCode::SUCCESS
-}
-
-/// Resolves on SIGTERM (Kubernetes) or SIGINT (a terminal). Both handlers
-/// are registered when this is called, not when it is first awaited.
-fn shutdown_signal() -> impl Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let interrupt = signal(SignalKind::interrupt());
-    async move {
-        match (term, interrupt) {
-            (Ok(mut term), Ok(mut interrupt)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = interrupt.recv() => {}
-                }
-            }
-            // Registering fails only without a signal driver; Ctrl-C still
-            // works then.
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
     }
 }

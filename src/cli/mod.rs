@@ -1,6 +1,7 @@
 //! The command line: `run` (the default), `check`, `sign`, `demo`, `echo`,
 //! `keys`, `queue`.
 
+pub mod blocking;
 mod check;
 mod keys;
 mod queue;
