@@ -32,6 +32,7 @@ pub mod upstream;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use futures_util::future::Either;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -146,30 +147,38 @@ pub async fn start(settings: Settings) -> Result<Running, StartError> {
     })?;
     let admin_addr = local_addr(&admin);
 
-    let (g, tls, shutdown) = (
-        Arc::clone(&gate),
+    let (tls, shutdown) = (
         gate.tls.as_ref().map(|cert| cert.acceptor()),
         stopped.clone(),
     );
+    // Both listeners' handlers are of one type, so that the server (with
+    // hyper's HTTP/1, HTTP/2 and `auto` servers under it) is compiled once
+    // for both, not once for each. The admin answer's future is boxed:
+    // hyper keeps room for an answer's future in every connection, and the
+    // public connections' room is not to be sized by it.
+    let handler = |admin: bool| {
+        let gate = Arc::clone(&gate);
+        move |req, conn| {
+            let gate = Arc::clone(&gate);
+            if admin {
+                Either::Right(Box::pin(admin::handle(gate, req)))
+            } else {
+                Either::Left(pipeline::handle(gate, req, conn))
+            }
+        }
+    };
+    let public = handler(false);
     let serving = Cores::start(publics, move |core, listener| {
-        let g = Arc::clone(&g);
         server::serve(
             listener,
             tls.clone(),
-            move |req, conn| pipeline::handle(Arc::clone(&g), req, conn),
+            public.clone(),
             shutdown.clone(),
             limits.share(core, core_count),
         )
     })
     .map_err(|source| StartError::Cores { addr, source })?;
-    let g = Arc::clone(&gate);
-    let admin_task = tokio::spawn(server::serve(
-        admin,
-        None,
-        move |req, _| admin::handle(Arc::clone(&g), req),
-        stopped,
-        limits,
-    ));
+    let admin_task = tokio::spawn(server::serve(admin, None, handler(true), stopped, limits));
     let mut tasks = vec![admin_task];
     if gate
         .settings

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::rt::{Read, Write};
 use hyper::server::conn::http1;
 use hyper::service::{Service, service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -22,6 +21,8 @@ use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::either::Either;
 
 use self::idle::{Counting, Streams};
 use self::send::Sending;
@@ -174,8 +175,8 @@ pub async fn serve<F, Fut>(
                                 },
                                 _ = stopping.wait_for(|stop| *stop) => return Ok(()),
                             };
-                            let io = TokioIo::new(Sending::new(stream, limits.send_timeout()));
-                            protocols.serve(io, http1, service, watcher, stopping).await
+                            let io = Either::Left(Sending::new(stream, limits.send_timeout()));
+                            protocols.serve(TokioIo::new(io), http1, service, watcher, stopping).await
                         });
                     }
                     Some(acceptor) => {
@@ -195,7 +196,8 @@ pub async fn serve<F, Fut>(
                             // HTTP/2 over TLS is negotiated by ALPN (RFC 9113,
                             // 3.2): without "h2", the client speaks HTTP/1.
                             let http1 = stream.get_ref().1.alpn_protocol() != Some(b"h2");
-                            protocols.serve(TokioIo::new(stream), http1, service, watcher, stopping).await
+                            let io = Either::Right(Box::new(stream));
+                            protocols.serve(TokioIo::new(io), http1, service, watcher, stopping).await
                         });
                     }
                 }
@@ -252,16 +254,15 @@ impl Protocols {
     /// connection served by `auto` with no request open for `first_request`
     /// is closed (`idle`), or a client could hold its connection slot until
     /// shutdown with one request and silence.
-    async fn serve<I, S>(
+    async fn serve<S>(
         &self,
-        io: I,
+        io: TokioIo<Stream>,
         http1: bool,
         service: S,
         watcher: Watcher,
         stopping: watch::Receiver<bool>,
     ) -> Result<(), BoxError>
     where
-        I: Read + Write + Unpin + Send + 'static,
         S: Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible>
             + Send
             + 'static,
@@ -309,6 +310,13 @@ async fn speaks_http1(stream: &TcpStream) -> bool {
         }
     }
 }
+
+/// A connection's stream, plain or TLS: one type, so that hyper's servers
+/// (HTTP/1, HTTP/2 and `auto`'s) are compiled once for both, not once for
+/// each (about 0.2 MB of code each: docs/BENCHMARKS.md, Memory). The TLS
+/// stream is boxed so that a plain connection's state is not sized for
+/// rustls's; its reads and writes take one branch more.
+type Stream = Either<Sending, Box<TlsStream<Sending>>>;
 
 /// Runs one connection as a task of its own; its slot is free when it ends.
 fn spawn_connection(
