@@ -9,13 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::Full;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 
 use crate::provider::Scheme;
+use crate::upstream::HttpClient;
 
 /// What the echo app saw: one body per call.
 type Seen = Arc<Mutex<Vec<Bytes>>>;
@@ -112,8 +111,13 @@ async fn show(
         "#  {:<32}{:<8}{:<20}app calls so far",
         "delivery", "status", "hookgate-result"
     )?;
+    // The gate's own client type (`upstream::HttpClient`): a second one
+    // would be a second copy of hyper's client in the binary.
+    let connector = crate::upstream::connector(None, std::time::Duration::from_secs(10))
+        .map_err(|e| e.to_string())?;
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
     for (n, (label, headers)) in sends.iter().enumerate() {
-        let (status, result) = post(gate, headers, body).await?;
+        let (status, result) = post(&client, gate, headers, body).await?;
         let calls = seen.lock().unwrap_or_else(|p| p.into_inner()).len();
         writeln!(out, "{:<3}{label:<32}{status:<8}{result:<20}{calls}", n + 1)?;
     }
@@ -164,19 +168,18 @@ async fn echo_app(seen: Seen) -> Result<SocketAddr, String> {
 }
 
 async fn post(
+    client: &HttpClient,
     gate: SocketAddr,
     headers: &[(String, String)],
     body: &'static [u8],
 ) -> Result<(u16, String), String> {
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let mut req = Request::post(format!("http://{gate}/webhooks/stripe"))
         .header("content-type", "application/json");
     for (k, v) in headers {
         req = req.header(k.as_str(), v.as_str());
     }
     let req = req
-        .body(Full::new(Bytes::from_static(body)))
+        .body(crate::body::full(Bytes::from_static(body)))
         .map_err(|e| e.to_string())?;
     let answer = client
         .request(req)

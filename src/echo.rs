@@ -32,7 +32,16 @@ pub async fn serve(
     status: StatusCode,
     seen: impl Fn(Received) + Send + Sync + 'static,
 ) {
-    let seen = Arc::new(seen);
+    serve_to(listener, status, Arc::new(seen)).await;
+}
+
+/// [`serve`], compiled once for its callers (`hookgate echo`, `hookgate
+/// demo`): generic, each would build a copy of hyper's servers of its own.
+async fn serve_to(
+    listener: TcpListener,
+    status: StatusCode,
+    seen: Arc<dyn Fn(Received) + Send + Sync>,
+) {
     while let Ok((stream, _)) = listener.accept().await {
         let seen = Arc::clone(&seen);
         let service = service_fn(move |req: Request<Incoming>| {

@@ -1,6 +1,7 @@
 //! The application behind the gate: a pooled hyper-util client, hop-by-hop
 //! header handling, target URLs and timeouts.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,6 +48,33 @@ pub struct Buffered {
     pub cut: Option<String>,
 }
 
+/// The gate's one HTTP client type, for http and https targets: the
+/// upstream's lanes, the OTLP exporters and `hookgate demo` all call
+/// through it, so that hyper's client (HTTP/1 and HTTP/2) and its pool
+/// are compiled once, not once for each (about 0.2 MB of code each:
+/// docs/BENCHMARKS.md, Memory).
+pub(crate) type HttpClient = Client<Connector, ProxyBody>;
+
+/// How an [`HttpClient`] connects.
+pub(crate) type Connector = HttpsConnector<HttpConnector>;
+
+/// A connector for http and https targets that trusts the system's roots
+/// and `ca_file`, with Nagle's delay off and a `connect_timeout`.
+pub(crate) fn connector(
+    ca_file: Option<&Path>,
+    connect_timeout: Duration,
+) -> Result<Connector, TlsError> {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.enforce_http(false);
+    Ok(HttpsConnectorBuilder::new()
+        .with_tls_config(crate::tls::client_config(ca_file)?)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http))
+}
+
 pub struct Upstream {
     /// One pool per core, and one for the main runtime: a pooled
     /// connection's task runs on the runtime that opened it, so a core that
@@ -69,7 +97,7 @@ pub struct Upstream {
 struct Lane {
     /// Keeps up to `max_connections` idle, for passthrough requests (which
     /// take no slot) as well.
-    client: Client<HttpsConnector<HttpConnector>, ProxyBody>,
+    client: HttpClient,
     /// A core's share of `Upstream::calls`: `max_connections` over the
     /// serving cores, rounded up (the gate's semaphore trims the total). A
     /// pool grows to the most calls its core ever had in flight at once:
@@ -90,15 +118,7 @@ impl Upstream {
         cores: usize,
         metrics: Arc<Metrics>,
     ) -> Result<Self, TlsError> {
-        let mut http = HttpConnector::new();
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(settings.timeout));
-        http.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(crate::tls::client_config(settings.ca_file.as_deref())?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let connector = connector(settings.ca_file.as_deref(), settings.timeout)?;
         let share = settings.max_connections.div_ceil(cores.max(1));
         let lanes = PerCore::new(|core| {
             let off_the_cores = core == 0;

@@ -13,10 +13,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{
@@ -170,7 +168,7 @@ impl Recorder for Otlp {
 /// stack to the binary.
 pub(crate) struct ExportClient {
     runtime: Handle,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: crate::upstream::HttpClient,
     timeout: Duration,
 }
 
@@ -186,14 +184,7 @@ impl ExportClient {
     pub(crate) fn new(timeout: Duration) -> Result<Self, OtlpError> {
         let runtime = Handle::try_current()
             .map_err(|_| OtlpError::Exporter("must start inside the tokio runtime".into()))?;
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(timeout));
-        http.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(crate::tls::client_config(None)?)
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let connector = crate::upstream::connector(None, timeout)?;
         Ok(Self {
             runtime,
             client: Client::builder(TokioExecutor::new()).build(connector),
@@ -208,9 +199,10 @@ impl HttpClient for ExportClient {
         let client = self.client.clone();
         let timeout = self.timeout;
         let call = async move {
-            let response = tokio::time::timeout(timeout, client.request(request.map(Full::new)))
-                .await
-                .map_err(|_| format!("no answer within {timeout:?}"))??;
+            let response =
+                tokio::time::timeout(timeout, client.request(request.map(crate::body::full)))
+                    .await
+                    .map_err(|_| format!("no answer within {timeout:?}"))??;
             let (parts, body) = response.into_parts();
             let body = Limited::new(body, MAX_ANSWER_BYTES).collect().await?;
             Ok::<_, HttpError>(Response::from_parts(parts, body.to_bytes()))
