@@ -14,7 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 
 use crate::provider::Scheme;
-use crate::upstream::HttpClient;
+use crate::upstream::GateClient;
 
 /// What the echo app saw: one body per call.
 type Seen = Arc<Mutex<Vec<Bytes>>>;
@@ -111,11 +111,10 @@ async fn show(
         "#  {:<32}{:<8}{:<20}app calls so far",
         "delivery", "status", "hookgate-result"
     )?;
-    // The gate's own client type (`upstream::HttpClient`): a second one
+    // The gate's own client type (`upstream::GateClient`): a second one
     // would be a second copy of hyper's client in the binary.
-    let connector = crate::upstream::connector(None, std::time::Duration::from_secs(10))
-        .map_err(|e| e.to_string())?;
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+    let connector = crate::upstream::connector(None, CONNECT_TIMEOUT).map_err(|e| e.to_string())?;
+    let client: GateClient = Client::builder(TokioExecutor::new()).build(connector);
     for (n, (label, headers)) in sends.iter().enumerate() {
         let (status, result) = post(&client, gate, headers, body).await?;
         let calls = seen.lock().unwrap_or_else(|p| p.into_inner()).len();
@@ -167,8 +166,12 @@ async fn echo_app(seen: Seen) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
+/// How long the demo's client waits to connect to its own gate, on the
+/// loopback.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn post(
-    client: &HttpClient,
+    client: &GateClient,
     gate: SocketAddr,
     headers: &[(String, String)],
     body: &'static [u8],

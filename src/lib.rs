@@ -119,7 +119,8 @@ impl Running {
 }
 
 /// Binds the configured listeners (port 0 picks a free port) and serves.
-/// `main` and the integration tests both start the gate here.
+/// `hookgate run` (`cli::blocking::serve`), `hookgate demo` and the
+/// integration tests all start the gate here.
 pub async fn start(settings: Settings) -> Result<Running, StartError> {
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)

@@ -1,4 +1,4 @@
-//! Thin: parse the command line, start telemetry, call the library.
+//! Thin: parse the command line, call the library.
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -51,11 +51,11 @@ pub struct Buffered {
 /// The gate's one HTTP client type, for http and https targets: the
 /// upstream's lanes, the OTLP exporters and `hookgate demo` all call
 /// through it, so that hyper's client (HTTP/1 and HTTP/2) and its pool
-/// are compiled once, not once for each (about 0.2 MB of code each:
-/// docs/BENCHMARKS.md, Memory).
-pub(crate) type HttpClient = Client<Connector, ProxyBody>;
+/// are compiled once, not once for each (docs/BENCHMARKS.md, Memory, "The
+/// binary's code, compiled twice").
+pub(crate) type GateClient = Client<Connector, ProxyBody>;
 
-/// How an [`HttpClient`] connects.
+/// How a [`GateClient`] connects.
 pub(crate) type Connector = HttpsConnector<HttpConnector>;
 
 /// A connector for http and https targets that trusts the system's roots
@@ -97,7 +97,7 @@ pub struct Upstream {
 struct Lane {
     /// Keeps up to `max_connections` idle, for passthrough requests (which
     /// take no slot) as well.
-    client: HttpClient,
+    client: GateClient,
     /// A core's share of `Upstream::calls`: `max_connections` over the
     /// serving cores, rounded up (the gate's semaphore trims the total). A
     /// pool grows to the most calls its core ever had in flight at once:

@@ -15,8 +15,12 @@ use clap::{Args, Parser, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
 pub use self::check::{check, refuse_without_providers};
-pub use self::keys::{KeysAction, keys};
-pub use self::queue::{QueueAction, queue};
+// The commands' futures stay in the library: `main` runs them through
+// `blocking`, which would not stay true were they public.
+pub use self::keys::KeysAction;
+use self::keys::keys;
+pub use self::queue::QueueAction;
+use self::queue::queue;
 use crate::config::{self, ConfigErrors};
 use crate::provider::{Delivery, Scheme, SignedHeaders, Verified, VerifyError};
 use crate::secret::{ActiveSecret, SecretSet, SecretValue};

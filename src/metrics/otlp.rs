@@ -168,7 +168,7 @@ impl Recorder for Otlp {
 /// stack to the binary.
 pub(crate) struct ExportClient {
     runtime: Handle,
-    client: crate::upstream::HttpClient,
+    client: crate::upstream::GateClient,
     timeout: Duration,
 }
 

@@ -313,9 +313,11 @@ async fn speaks_http1(stream: &TcpStream) -> bool {
 
 /// A connection's stream, plain or TLS: one type, so that hyper's servers
 /// (HTTP/1, HTTP/2 and `auto`'s) are compiled once for both, not once for
-/// each (about 0.2 MB of code each: docs/BENCHMARKS.md, Memory). The TLS
-/// stream is boxed so that a plain connection's state is not sized for
-/// rustls's; its reads and writes take one branch more.
+/// each (docs/BENCHMARKS.md, Memory, "The binary's code, compiled twice").
+/// The TLS stream is boxed so that a plain connection's state is not sized
+/// for rustls's: a plain connection holds 8 bytes more, a TLS one a second
+/// allocation (the handshake's task still has room for the stream inline),
+/// and reads and writes take one branch more.
 type Stream = Either<Sending, Box<TlsStream<Sending>>>;
 
 /// Runs one connection as a task of its own; its slot is free when it ends.

@@ -1,7 +1,8 @@
 //! One way to set up a gate for a test. `GateFixture` builds its config (a
 //! temp dir for the sqlite store and the secret files, an upstream, the
 //! providers, the store, extra settings) and starts the real gate in-process
-//! on port 0, through the same `hookgate::start` that `main` calls. The
+//! on port 0, through the same `hookgate::start` that `hookgate run` calls
+//! (`cli::blocking::serve`). The
 //! `Gate` it hands back keeps all of that alive and talks to the gate.
 //!
 //! Settings apply to what was added last: `.secret(..)` and
