@@ -10,6 +10,7 @@ mod load;
 mod report;
 mod requests;
 mod services;
+mod steal;
 mod suite;
 mod upstream;
 mod waits;
@@ -347,6 +348,11 @@ fn suite_main(a: SuiteArgs) -> ExitCode {
     } else {
         text.push('\n');
         text.push_str(&report::targets(&results, &options));
+    }
+    let steal = report::steal_summary(&results);
+    if !steal.is_empty() {
+        text.push('\n');
+        text.push_str(&steal);
     }
     println!("{text}");
     if let Some(out) = &a.out

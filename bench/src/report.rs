@@ -119,6 +119,12 @@ fn rss(m: &Measured) -> String {
     }
 }
 
+/// The row's `steal` as a percentage of the machine's CPU time.
+fn steal(m: &Measured) -> String {
+    m.steal
+        .map_or_else(String::new, |s| format!("{:.1}%", s * 100.0))
+}
+
 fn errors(m: &Measured) -> String {
     let mut s = m.outcome.errors.to_string();
     if m.outcome.exhausted {
@@ -169,8 +175,8 @@ fn direct_open(results: &[Measured], round: usize) -> Option<&Measured> {
 /// The open-loop table: latency at a fixed rate, minus the direct row's.
 pub fn latency(results: &[Measured]) -> String {
     let mut out = String::from(
-        "| target | rate | achieved/s | p50 ms | p99 ms | p99.9 ms | added p50 ms | added p99 ms | errors |\n\
-         |---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| target | rate | achieved/s | p50 ms | p99 ms | p99.9 ms | added p50 ms | added p99 ms | errors | steal |\n\
+         |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for m in results.iter() {
         let Pacing::Open(rate) = m.row.pacing else {
@@ -186,7 +192,7 @@ pub fn latency(results: &[Measured]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {rate:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} |",
+            "| {} | {rate:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} |",
             name(m),
             m.outcome.per_second(),
             m.outcome.ms(0.5),
@@ -195,6 +201,7 @@ pub fn latency(results: &[Measured]) -> String {
             added(0.5),
             added(0.99),
             errors(m),
+            steal(m),
         );
     }
     out
@@ -475,8 +482,8 @@ pub fn targets(results: &[Measured], o: &Options) -> String {
 /// connections, and how many cores the row kept busy.
 pub fn cpu(results: &[Measured]) -> String {
     let mut out = String::from(
-        "| target | workload | connections | load generator µs | upstream µs | proxy µs | vs nginx CPU | redis µs | total µs | busy cores |\n\
-         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+        "| target | workload | connections | load generator µs | upstream µs | proxy µs | vs nginx CPU | redis µs | total µs | busy cores | steal |\n\
+         |---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
     );
     for m in results
         .iter()
@@ -492,7 +499,7 @@ pub fn cpu(results: &[Measured]) -> String {
         let vs_nginx = vs_nginx_cpu(results, m).map_or_else(String::new, |r| format!("{r:.1}x"));
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.2} | {} |",
             name(m),
             workload(m),
             m.row.connections,
@@ -503,6 +510,7 @@ pub fn cpu(results: &[Measured]) -> String {
             of(Role::Redis),
             total * 1e6,
             m.busy_cores,
+            steal(m),
         );
     }
     out
@@ -585,6 +593,29 @@ pub fn rounds(results: &[Measured]) -> String {
         );
     }
     out
+}
+
+/// The run's steal in one sentence (empty where `/proc/stat` was not
+/// read): its median over the rows and its highest row. Steal is CPU time
+/// the host gave to something else while this machine had work, so a run
+/// with much of it measured a busy host; docs/BENCHMARKS.md says how its
+/// rows are read.
+pub fn steal_summary(results: &[Measured]) -> String {
+    let Some((top, row)) = results
+        .iter()
+        .filter_map(|m| Some((m.steal?, m)))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+    else {
+        return String::new();
+    };
+    let mut all: Vec<f64> = results.iter().filter_map(|m| m.steal).collect();
+    format!(
+        "Steal, the host's share of this machine's CPU time while a row ran: \
+         median {:.1}% over the rows, highest {:.1}% ({}).\n",
+        median(&mut all) * 100.0,
+        top * 100.0,
+        suite::label(&row.row),
+    )
 }
 
 fn median(values: &mut [f64]) -> f64 {

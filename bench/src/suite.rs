@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::load::{self, Outcome, Pacing, Plan};
 use crate::requests::{Answerer, Builder, Mix, Pool};
 use crate::services::{self, AppStats, GateLog, Queue, Service, Store};
+use crate::steal::CpuTicks;
 use crate::waits::Waits;
 
 /// The default `queue.concurrency` (src/config/file.rs): the relay
@@ -131,6 +132,9 @@ pub struct Measured {
     /// CPU seconds used by all of them per second of the row: how many of
     /// the machine's cores the row kept busy.
     pub busy_cores: f64,
+    /// The hypervisor's share of the machine's CPU time over the row
+    /// (`steal`), 0 to 1.
+    pub steal: Option<f64>,
     /// The gate's (or node's) peak resident set over the row (priming
     /// included), KiB.
     pub rss_kib: Option<u64>,
@@ -696,6 +700,7 @@ fn measure(
         .map(|(_, pid)| services::cpu_seconds(*pid))
         .collect();
     let app_before = queue_app.map(services::app_stats).transpose()?;
+    let ticks_before = CpuTicks::now();
     let started = std::time::Instant::now();
     let (outcome, instructions) = match server.counts_instructions() {
         false => (load::run(&plan, pool), None),
@@ -714,6 +719,9 @@ fn measure(
         }
     };
     let wall = started.elapsed().as_secs_f64();
+    let steal = ticks_before
+        .zip(CpuTicks::now())
+        .and_then(|(before, after)| before.steal_until(after));
     let cpu: Vec<(Role, f64)> = procs
         .iter()
         .zip(&cpu_before)
@@ -751,6 +759,7 @@ fn measure(
         outcome,
         cpu_per_request,
         busy_cores,
+        steal,
         rss_kib: has_rss.then(|| server.peak_rss_kib()).flatten(),
         file_rss_kib: has_rss.then(|| server.file_rss_kib()).flatten(),
         queue,
