@@ -15,10 +15,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ValueRef};
-use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, params};
 
 use self::checkpoint::CheckpointThread;
-use self::store_thread::{Chore, StoreThread};
+use self::store_thread::{Chore, StoreThread, fixed};
 use super::{Backend, Claim, Existing, KeyRecord, LeaseToken, ScopedKey, Snapshot, StoreError};
 use crate::store::Result;
 use crate::store::clock::{after, now_ms, span_ms};
@@ -363,6 +363,37 @@ fn complete_in(
     Ok(changed == 1)
 }
 
+/// Runs `f` in a transaction of its own that takes the write lock before
+/// `f` reads (`BEGIN IMMEDIATE`: two processes on one file then queue on
+/// the busy handler instead of both seeing a key free, or deadlocking as
+/// both upgrade a read lock); commits when `f` succeeds, rolls back when
+/// it fails or panics, or the commit fails.
+///
+/// rusqlite's `Transaction` does the same through `execute_batch`, which
+/// compiles its `BEGIN` and its `COMMIT` anew every time: on duplicates,
+/// whose claims mostly run alone, that was most of the store thread's SQL
+/// compiling (docs/BENCHMARKS.md, The profile at `54fa488`). These come
+/// from the connection's statement cache, as the store thread's batches'
+/// do.
+fn immediate<T>(c: &Connection, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+    /// Whatever is still open when this is dropped was not committed.
+    /// SQLite may have rolled it back itself (a full disk): then there is
+    /// nothing to undo.
+    struct Open<'c>(&'c Connection);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            if !self.0.is_autocommit() {
+                let _ = self.0.execute_batch("ROLLBACK");
+            }
+        }
+    }
+    fixed(c, "BEGIN IMMEDIATE")?;
+    let _open = Open(c);
+    let answer = f(c)?;
+    fixed(c, "COMMIT")?;
+    Ok(answer)
+}
+
 /// The claim's read and write, inside a transaction that holds the write
 /// lock.
 fn claim_in(c: &Connection, key: &ScopedKey, fingerprint: &str, lease: Duration) -> Result<Claim> {
@@ -448,13 +479,7 @@ impl Backend for SqliteStore {
                 // for it (`StoreThread::run_here_when_alone`).
                 return claim_in(c, &key, &fingerprint, lease);
             }
-            // IMMEDIATE takes the write lock before the read, so two
-            // processes on one file queue on busy_timeout instead of both
-            // seeing the key free (or deadlocking when upgrading a read lock).
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let claim = claim_in(&tx, &key, &fingerprint, lease)?;
-            tx.commit()?;
-            Ok(claim)
+            immediate(c, |c| claim_in(c, &key, &fingerprint, lease))
         })
         .await
     }

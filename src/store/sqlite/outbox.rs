@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rusqlite::types::Value;
-use rusqlite::{Connection, Row as SqlRow, TransactionBehavior, params, params_from_iter};
+use rusqlite::{Connection, Row as SqlRow, params, params_from_iter};
 
 use super::{SqliteStore, select_live};
 use crate::store::Result;
@@ -66,10 +66,7 @@ impl Outbox for SqliteStore {
                 // Inside the store thread's batch, which holds the lock.
                 return accept_in(c, &items, &policy);
             }
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let outcome = accept_in(&tx, &items, &policy)?;
-            tx.commit()?;
-            Ok(outcome)
+            super::immediate(c, |c| accept_in(c, &items, &policy))
         })
         .await
     }

@@ -230,7 +230,8 @@ impl StoreThread {
     /// answer, once what `f` wrote is committed. `f` may run inside a
     /// transaction the thread opened (see `is_autocommit`). A panic inside
     /// `f` answers an error and leaves the thread serving: its savepoint, or
-    /// rusqlite's `Transaction` drop, rolls back what it wrote. While
+    /// the guard of the transaction it opened (`immediate`, or rusqlite's
+    /// `Transaction`), rolls back what it wrote. While
     /// `QUEUE_CAPACITY` jobs wait, the caller waits for a place first.
     /// `f` runs once; it is `FnMut` so that what it captured stays in the
     /// job and comes back with it (see `Operation`).
@@ -383,7 +384,7 @@ fn rolled_back(conn: &mut Connection, ran: Vec<Box<dyn Job>>, rest: Vec<Box<dyn 
 /// Runs one of the batch's fixed statements from the connection's
 /// statement cache: parsed once, not for every batch and every job in it
 /// (`execute_batch` parses its text each time).
-fn fixed(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+pub(super) fn fixed(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 

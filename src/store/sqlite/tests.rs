@@ -113,3 +113,91 @@ async fn a_job_on_a_core_never_waits_for_a_lock() {
         Claim::Fresh(_)
     ));
 }
+
+/// A connection to a fresh file with one table, for `immediate`.
+fn scratch() -> (tempfile::TempDir, Connection) {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = Connection::open(dir.path().join("t.db")).unwrap();
+    conn.execute_batch("CREATE TABLE t (v INTEGER)").unwrap();
+    (dir, conn)
+}
+
+fn rows(c: &Connection) -> i64 {
+    c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// `immediate` keeps what `f` wrote when it succeeds and nothing when it
+/// fails or panics, and leaves no transaction open either way.
+#[test]
+fn immediate_commits_on_success_and_rolls_back_otherwise() {
+    let (_dir, c) = scratch();
+    let insert = |c: &Connection| Ok(c.execute("INSERT INTO t VALUES (1)", [])?);
+
+    assert_eq!(immediate(&c, insert).unwrap(), 1);
+    assert_eq!(rows(&c), 1);
+    assert!(c.is_autocommit());
+
+    let failed = immediate(&c, |c| {
+        insert(c)?;
+        Err::<(), _>(StoreError::Unavailable("the job failed".into()))
+    });
+    assert!(failed.is_err());
+    assert_eq!(rows(&c), 1, "what a failed job wrote is rolled back");
+    assert!(c.is_autocommit());
+
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        immediate(&c, |c| -> Result<()> {
+            insert(c)?;
+            panic!("the job panicked");
+        })
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(rows(&c), 1, "what a panicking job wrote is rolled back");
+    assert!(c.is_autocommit());
+}
+
+/// `immediate` takes the write lock before `f` runs: with another
+/// connection holding it, `f` never runs.
+#[test]
+fn immediate_takes_the_write_lock_first() {
+    let (dir, c) = scratch();
+    c.busy_timeout(Duration::ZERO).unwrap();
+    let path = dir.path().join("t.db");
+    let release = hold_write_lock(&path);
+    let mut ran = false;
+    let locked = immediate(&c, |_| {
+        ran = true;
+        Ok(())
+    });
+    release();
+    assert!(locked.is_err());
+    assert!(!ran, "f ran without the write lock");
+    assert!(c.is_autocommit());
+}
+
+/// A commit that fails (here: busy, a reader holds the file in the
+/// rollback journal's mode and nobody waits) leaves the transaction open
+/// in SQLite; `immediate` rolls it back, so the connection is free for
+/// the next job and what `f` wrote is gone.
+#[test]
+fn immediate_rolls_back_a_commit_that_failed() {
+    let (dir, c) = scratch();
+    c.busy_timeout(Duration::ZERO).unwrap();
+    let reader = Connection::open(dir.path().join("t.db")).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    assert_eq!(rows(&reader), 0);
+
+    let committed = immediate(&c, |c| Ok(c.execute("INSERT INTO t VALUES (1)", [])?));
+    assert!(
+        committed.is_err(),
+        "the reader's lock let the commit through"
+    );
+    assert!(
+        c.is_autocommit(),
+        "the failed commit left a transaction open"
+    );
+
+    reader.execute_batch("COMMIT").unwrap();
+    assert_eq!(rows(&c), 0, "what the failed commit held was kept");
+}
