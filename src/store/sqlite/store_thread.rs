@@ -230,8 +230,8 @@ impl StoreThread {
     /// answer, once what `f` wrote is committed. `f` may run inside a
     /// transaction the thread opened (see `is_autocommit`). A panic inside
     /// `f` answers an error and leaves the thread serving: its savepoint, or
-    /// the guard of the transaction it opened (`immediate`, or rusqlite's
-    /// `Transaction`), rolls back what it wrote. While
+    /// the guard of the transaction it opened (`immediate`'s), rolls back
+    /// what it wrote. While
     /// `QUEUE_CAPACITY` jobs wait, the caller waits for a place first.
     /// `f` runs once; it is `FnMut` so that what it captured stays in the
     /// job and comes back with it (see `Operation`).
