@@ -41,8 +41,12 @@ const ATTEMPT: HeaderName = HeaderName::from_static("hookgate-attempt");
 /// How often an idle relay looks for due jobs (retries come due without a
 /// wake-up; new jobs wake it at once).
 const POLL: Duration = Duration::from_millis(250);
-/// How often the queue gauges are refreshed.
+/// How often the queue gauges are refreshed, at most.
 const DEPTH_INTERVAL: Duration = Duration::from_secs(5);
+/// Reading the gauges walks the whole backlog on every store, so after a
+/// read the next waits this many times as long as it took: the gauges
+/// take at most a tenth of the store's time, whatever the backlog.
+const DEPTH_PAUSE_FACTOR: u32 = 9;
 /// How long to wait after the store failed before trying again.
 const STORE_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -52,12 +56,10 @@ const STORE_BACKOFF: Duration = Duration::from_secs(1);
 pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
     let queue = &gate.settings.queue;
     let mut attempts: JoinSet<()> = JoinSet::new();
-    let mut next_depth = tokio::time::Instant::now();
+    // The gauges apart from the takes: a long read of them does not hold
+    // deliveries back.
+    let gauges = tokio::spawn(report_depths(Arc::clone(&gate), stop.clone()));
     loop {
-        if tokio::time::Instant::now() >= next_depth {
-            report_depth(&gate).await;
-            next_depth = tokio::time::Instant::now() + DEPTH_INTERVAL;
-        }
         let room = queue.concurrency.saturating_sub(attempts.len());
         let took = if room == 0 || *stop.borrow() {
             Ok(0)
@@ -83,6 +85,8 @@ pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
             else => {}
         }
     }
+    // A read of the gauges in progress is only a read: it is not waited for.
+    gauges.abort();
     let grace = gate.settings.server.shutdown_grace;
     if tokio::time::timeout(grace, async {
         while attempts.join_next().await.is_some() {}
@@ -94,6 +98,20 @@ pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
             attempts = attempts.len(),
             "relay: grace elapsed with attempts in flight; their leases will expire"
         );
+    }
+}
+
+/// Refreshes the queue gauges until `stop` flips: every `DEPTH_INTERVAL`,
+/// or `DEPTH_PAUSE_FACTOR` times the last read's length when that is more.
+async fn report_depths(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        let started = tokio::time::Instant::now();
+        report_depth(&gate).await;
+        let pause = DEPTH_INTERVAL.max(started.elapsed() * DEPTH_PAUSE_FACTOR);
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            changed = stop.changed() => if changed.is_err() { return },
+        }
     }
 }
 

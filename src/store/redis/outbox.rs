@@ -58,6 +58,7 @@ use self::rows::{Row, job, number, summary, text};
 use self::scripts::SCRIPTS;
 pub(super) use self::shard::Shard;
 use self::shard::share;
+use super::connection::Conn;
 use super::{Fields, RedisStore, decode_tagged, millis};
 use crate::store::Result;
 use crate::store::clock::{from_unix_ms, unix_ms};
@@ -66,6 +67,14 @@ use crate::store::outbox::{
 };
 use crate::store::{LeaseToken, ScopedKey, StoreError};
 
+/// The most ids one depth script reads: each costs a hash read, and redis
+/// serves nobody else while a script runs. Read whole, a backlog of
+/// 200,000 jobs held it up to 83 ms per shard; a page of 128 ids takes
+/// under a millisecond.
+const DEPTH_PAGE: usize = 128;
+/// The depth script's sets: `due` (pending and leased jobs), `dead`.
+const DEPTH_DUE: u8 = 1;
+const DEPTH_DEAD: u8 = 2;
 /// The longest wait a script is given (100 years): past it the
 /// milliseconds would not fit the scripts' number formatting.
 const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -223,15 +232,14 @@ impl Outbox for RedisStore {
 
     async fn depth(&self) -> Result<Vec<Depth>> {
         let conn = &self.conn().await?;
-        let shards = try_join_all(Shard::all().map(|shard| async move {
-            let mut call = SCRIPTS.depth.prepare_invoke();
-            call.key(shard.key(&self.prefix, "due"))
-                .key(shard.key(&self.prefix, "dead"))
-                .arg(shard.job_prefix(&self.prefix));
-            call.invoke_async::<Vec<Row>>(&mut conn.clone()).await
-        }))
-        .await
-        .map_err(|e| self.error(e))?;
+        // One shard after the other: one page at a time ahead of the
+        // claims and accepts that share the connection (16 walks at once
+        // kept 16 pages ahead of every accept: its p99 went from 7 to 26 ms
+        // under a backlog of 200,000 jobs).
+        let mut shards = Vec::new();
+        for shard in Shard::all() {
+            shards.push(self.shard_depth(conn, shard).await?);
+        }
         let mut by: BTreeMap<String, Depth> = BTreeMap::new();
         for row in shards.into_iter().flatten() {
             let mut fields = row.into_iter();
@@ -254,6 +262,41 @@ impl Outbox for RedisStore {
 }
 
 impl RedisStore {
+    /// What one shard holds, as the depth script's rows (partial counts per
+    /// provider, page by page: `Outbox::depth` adds them up). The walk is
+    /// by rank and not atomic: a job taken or settled during it can be
+    /// counted twice or missed, within what the relays moved meanwhile.
+    async fn shard_depth(&self, conn: &Conn, shard: Shard) -> Result<Vec<Row>> {
+        let mut rows = Vec::new();
+        for set in [DEPTH_DUE, DEPTH_DEAD] {
+            let mut first = 0;
+            loop {
+                let mut call = SCRIPTS.depth.prepare_invoke();
+                call.key(shard.key(&self.prefix, "due"))
+                    .key(shard.key(&self.prefix, "dead"))
+                    .arg(shard.job_prefix(&self.prefix))
+                    .arg(set)
+                    .arg(first)
+                    .arg(DEPTH_PAGE);
+                let mut page = call
+                    .invoke_async::<Vec<Row>>(&mut conn.clone())
+                    .await
+                    .map_err(|e| self.error(e))?
+                    .into_iter();
+                let walked: usize = number(
+                    page.next().and_then(|r| r.into_iter().next().flatten()),
+                    "page size",
+                )?;
+                rows.extend(page);
+                if walked < DEPTH_PAGE {
+                    break;
+                }
+                first += walked;
+            }
+        }
+        Ok(rows)
+    }
+
     /// Runs the accept script for the items of one shard (`members`, by
     /// index); returns whether it wrote, and what it found of each.
     async fn accept_shard(

@@ -226,8 +226,12 @@ end
 return #hits
 ";
 
-/// KEYS: due, dead. ARGV: the job key prefix. Returns per provider
-/// {provider, pending, leased, dead, oldest pending received time or nil}.
+/// KEYS: due, dead. ARGV: the job key prefix, the set to walk ('1' due,
+/// '2' dead), the first rank, the page's size. Reads one page of the set's
+/// ids (one hash read each), so that a long backlog never holds the server
+/// for long: the caller walks each set page by page (`DEPTH_PAGE`). Returns
+/// {{ids walked}, then per provider {provider, pending, leased, dead,
+/// oldest pending received time or nil}} for the page.
 const DEPTH: &str = "
 local by, order = {}, {}
 local function entry(p)
@@ -237,23 +241,26 @@ local function entry(p)
   end
   return by[p]
 end
-for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local f = redis.call('HMGET', ARGV[1] .. id, 'state', 'provider', 'received_at', 'lease_until')
-  if f[1] == 'pending' and f[2] then
-    local e = entry(f[2])
-    if f[4] and tonumber(f[4]) > now then e[3] = e[3] + 1 else e[2] = e[2] + 1 end
-    local received = tonumber(f[3])
-    if received and (not e[5] or received < e[5]) then e[5] = received end
+local set, first = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ids = redis.call('ZRANGE', KEYS[set], first, first + tonumber(ARGV[4]) - 1)
+for _, id in ipairs(ids) do
+  if set == 1 then
+    local f = redis.call('HMGET', ARGV[1] .. id, 'state', 'provider', 'received_at', 'lease_until')
+    if f[1] == 'pending' and f[2] then
+      local e = entry(f[2])
+      if f[4] and tonumber(f[4]) > now then e[3] = e[3] + 1 else e[2] = e[2] + 1 end
+      local received = tonumber(f[3])
+      if received and (not e[5] or received < e[5]) then e[5] = received end
+    end
+  else
+    local f = redis.call('HMGET', ARGV[1] .. id, 'state', 'provider')
+    if f[1] == 'dead' and f[2] then
+      local e = entry(f[2])
+      e[4] = e[4] + 1
+    end
   end
 end
-for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  local f = redis.call('HMGET', ARGV[1] .. id, 'state', 'provider')
-  if f[1] == 'dead' and f[2] then
-    local e = entry(f[2])
-    e[4] = e[4] + 1
-  end
-end
-local out = {}
+local out = {{int(#ids)}}
 for _, p in ipairs(order) do
   local e = by[p]
   out[#out + 1] = {e[1], int(e[2]), int(e[3]), int(e[4]), e[5] and int(e[5]) or false}
