@@ -20,6 +20,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Version};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::body;
 use crate::gate::Gate;
@@ -47,6 +48,8 @@ const DEPTH_INTERVAL: Duration = Duration::from_secs(5);
 /// read the next waits this many times as long as it took: the gauges
 /// take at most a tenth of the store's time, whatever the backlog.
 const DEPTH_PAUSE_FACTOR: u32 = 9;
+/// The longest pause between two reads of the gauges.
+const DEPTH_PAUSE_MAX: Duration = Duration::from_secs(60);
 /// How long to wait after the store failed before trying again.
 const STORE_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -57,8 +60,10 @@ pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
     let queue = &gate.settings.queue;
     let mut attempts: JoinSet<()> = JoinSet::new();
     // The gauges apart from the takes: a long read of them does not hold
-    // deliveries back.
-    let gauges = tokio::spawn(report_depths(Arc::clone(&gate), stop.clone()));
+    // deliveries back. Dropped with the relay, the task is aborted: a read
+    // in progress is only a read.
+    let gauges =
+        AbortOnDropHandle::new(tokio::spawn(report_depths(Arc::clone(&gate), stop.clone())));
     loop {
         let room = queue.concurrency.saturating_sub(attempts.len());
         let took = if room == 0 || *stop.borrow() {
@@ -85,8 +90,7 @@ pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
             else => {}
         }
     }
-    // A read of the gauges in progress is only a read: it is not waited for.
-    gauges.abort();
+    drop(gauges);
     let grace = gate.settings.server.shutdown_grace;
     if tokio::time::timeout(grace, async {
         while attempts.join_next().await.is_some() {}
@@ -101,13 +105,17 @@ pub async fn run(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Refreshes the queue gauges until `stop` flips: every `DEPTH_INTERVAL`,
-/// or `DEPTH_PAUSE_FACTOR` times the last read's length when that is more.
+/// Refreshes the queue gauges until `stop` flips: `DEPTH_INTERVAL` after
+/// each read, or `DEPTH_PAUSE_FACTOR` times a successful read's length
+/// when that is more (up to `DEPTH_PAUSE_MAX`). A failed read is retried
+/// after `DEPTH_INTERVAL`: its length says nothing of the backlog.
 async fn report_depths(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
     while !*stop.borrow() {
         let started = tokio::time::Instant::now();
-        report_depth(&gate).await;
-        let pause = DEPTH_INTERVAL.max(started.elapsed() * DEPTH_PAUSE_FACTOR);
+        let pause = match report_depth(&gate).await {
+            true => (started.elapsed() * DEPTH_PAUSE_FACTOR).clamp(DEPTH_INTERVAL, DEPTH_PAUSE_MAX),
+            false => DEPTH_INTERVAL,
+        };
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
             changed = stop.changed() => if changed.is_err() { return },
@@ -116,13 +124,13 @@ async fn report_depths(gate: Arc<Gate>, mut stop: watch::Receiver<bool>) {
 }
 
 /// Sets the queue gauges of every queue-mode provider (zero when it has
-/// no job).
-async fn report_depth(gate: &Gate) {
+/// no job); false when the store could not be read.
+async fn report_depth(gate: &Gate) -> bool {
     let depths = match gate.store.depth().await {
         Ok(depths) => depths,
         Err(e) => {
             tracing::warn!(error = %e, "relay: reading the queue's depth failed");
-            return;
+            return false;
         }
     };
     let now = SystemTime::now();
@@ -145,6 +153,7 @@ async fn report_depth(gate: &Gate) {
             oldest,
         );
     }
+    true
 }
 
 /// Leases up to `room` due jobs and starts an attempt for each.

@@ -264,8 +264,9 @@ impl Outbox for RedisStore {
 impl RedisStore {
     /// What one shard holds, as the depth script's rows (partial counts per
     /// provider, page by page: `Outbox::depth` adds them up). The walk is
-    /// by rank and not atomic: a job taken or settled during it can be
-    /// counted twice or missed, within what the relays moved meanwhile.
+    /// by rank and not atomic: a job taken, settled or accepted during it
+    /// shifts the ranks after it, so jobs can be counted twice or missed
+    /// (a job taken ahead of the walk counts as pending, then as leased).
     async fn shard_depth(&self, conn: &Conn, shard: Shard) -> Result<Vec<Row>> {
         let mut rows = Vec::new();
         for set in [DEPTH_DUE, DEPTH_DEAD] {

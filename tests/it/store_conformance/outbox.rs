@@ -500,7 +500,17 @@ async fn depth_counts_every_job_of_a_long_backlog<H: OutboxHarness>() {
         (stripe.pending, stripe.leased, stripe.dead),
         ((JOBS - LEASED) as u64, (LEASED - DEAD) as u64, DEAD as u64),
     );
-    assert!(stripe.oldest_pending.is_some());
+    let oldest = store
+        .jobs(filter(JobState::Pending), JOBS)
+        .await
+        .expect("jobs")
+        .into_iter()
+        .map(|j| j.received_at)
+        .min();
+    assert_eq!(
+        stripe.oldest_pending, oldest,
+        "the oldest of every page and shard"
+    );
 }
 
 async fn two_replicas_never_take_the_same_job<H: OutboxHarness>() {
