@@ -69,8 +69,9 @@ use crate::store::{LeaseToken, ScopedKey, StoreError};
 
 /// The most ids one depth script reads: each costs a hash read, and redis
 /// serves nobody else while a script runs. Read whole, a backlog of
-/// 200,000 jobs held it up to 83 ms per shard; a page of 128 ids takes
-/// under a millisecond.
+/// 200,000 jobs held it up to 83 ms per shard; in pages of 128 ids, no
+/// call took over 4.1 ms (docs/BENCHMARKS.md, "The redis stall, probed
+/// again").
 const DEPTH_PAGE: usize = 128;
 /// The depth script's sets: `due` (pending and leased jobs), `dead`.
 const DEPTH_DUE: u8 = 1;
